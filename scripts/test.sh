@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Every test: format, lints, unit + integration + doc tests, the loom models, and a short bench
+# smoke run. Installs what it needs. Expected run time on a 2-core machine: see README.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== fmt";    cargo fmt --all --check
+echo "== clippy"; cargo clippy --all-targets --all-features -- -D warnings
+echo "== tests";  cargo test --all-features
+echo "== loom";   bash scripts/loom.sh
+echo "== demo";   cargo run --release --features cli --quiet -- demo >/dev/null
+echo "all tests passed"

@@ -1,0 +1,81 @@
+//! GCRA, the generic cell rate algorithm: the token bucket (and the leaky bucket as a meter) in
+//! time arithmetic.
+//!
+//! State is the theoretical arrival time `TAT` in ns. With emission interval `T` and tolerance
+//! `tau = burst * T`, a cost-`n` request at `t` is admitted iff `max(TAT, t) + n*T - t <= tau`;
+//! then `TAT' = max(TAT, t) + n*T`. `TAT - t` (when positive) is the bucket's debt: the leaky
+//! bucket's water level, or the token bucket's missing tokens, times `T`.
+
+use super::Step;
+use crate::quota::Rule;
+
+/// Decides a cost-`cost` request at `now`; `headroom` units stay unavailable to this caller
+/// (the priority strategy).
+#[inline]
+pub(crate) fn decide(tat: u64, now: u64, cost: u64, rule: &Rule, headroom: u64) -> Step<u64> {
+    let t = rule.emission;
+    let tau = rule.tolerance - headroom * t;
+    let base = tat.max(now);
+    let debt = base - now;
+    let new_tat = base.saturating_add(cost * t);
+    let need = new_tat - now;
+    if need <= tau {
+        Step::allow(new_tat, rule.capacity, (tau - need) / t, need, 0)
+    } else {
+        Step::deny(
+            rule.capacity,
+            tau.saturating_sub(debt) / t,
+            debt,
+            need - tau,
+        )
+    }
+}
+
+/// The leaky bucket as a queue (nginx `limit_req` without `nodelay`): the request is admitted
+/// for the moment it conforms, `max(TAT, now) + n*T - tau`, if that is at most `max_delay_ns`
+/// away; the decision's `delay` says how long to wait.
+#[inline]
+pub(crate) fn reserve(tat: u64, now: u64, cost: u64, rule: &Rule, max_delay_ns: u64) -> Step<u64> {
+    let t = rule.emission;
+    let base = tat.max(now);
+    let new_tat = base.saturating_add(cost * t);
+    let conform = new_tat.saturating_sub(rule.tolerance);
+    let delay = conform.saturating_sub(now);
+    if delay <= max_delay_ns {
+        let at = now + delay;
+        let remaining = (rule.tolerance - (new_tat - at)) / t;
+        Step::allow(new_tat, rule.capacity, remaining, new_tat - now, delay)
+    } else {
+        let debt = base - now;
+        Step::deny(
+            rule.capacity,
+            rule.tolerance.saturating_sub(debt) / t,
+            debt,
+            delay - max_delay_ns,
+        )
+    }
+}
+
+/// True when the state is indistinguishable from a key never seen: its debt has run out.
+#[inline]
+pub(crate) fn is_fresh(tat: u64, now: u64) -> bool {
+    tat <= now
+}
+
+/// Takes back a charge of `cost` (a compound limit whose other part denied). Others' charges
+/// made in between stay: GCRA charges add, so removing ours leaves exactly theirs.
+#[inline]
+pub(crate) fn refund(tat: u64, cost: u64, rule: &Rule) -> u64 {
+    tat.saturating_sub(cost * rule.emission)
+}
+
+/// Carries a key's state across a quota change: the units it has spent stay spent, measured in
+/// the new rule's emission interval, capped at the new tolerance.
+pub(crate) fn migrate(tat: u64, now: u64, old: &Rule, new: &Rule) -> u64 {
+    let debt = tat.saturating_sub(now);
+    if debt == 0 {
+        return 0;
+    }
+    let scaled = u128::from(debt) * u128::from(new.emission) / u128::from(old.emission);
+    now + u64::try_from(scaled).unwrap_or(u64::MAX).min(new.tolerance)
+}

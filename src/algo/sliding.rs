@@ -1,0 +1,199 @@
+//! Sliding window counter: the seeds' estimate `prev * (1 - elapsed/period) + cur` over two
+//! Unix-aligned windows ("counter pairs"), in exact integer arithmetic.
+//!
+//! A cost-`n` request is admitted iff the estimate after charging stays within the limit:
+//! `prev * (period - elapsed) + (cur + n) * period <= limit * period` (computed in u128).
+//! This is stricter than the seed's `total < limit` test by less than one unit.
+//!
+//! | bits   | field  | meaning |
+//! |--------|--------|---------|
+//! | 63..44 | window | low 20 bits of the index of the window `cur` counts |
+//! | 43..22 | prev   | units admitted in the window before it |
+//! | 21..0  | cur    | units admitted in that window |
+//!
+//! The largest limit is 2^22 - 1 = 4,194,303 per window. Window ids wrap at 2^20: a key idle for
+//! exactly a multiple of 2^20 windows could see an old count again (only ever more restrictive).
+
+use super::{Step, window_of};
+use crate::quota::Rule;
+
+/// Width of each counter.
+const COUNT_BITS: u32 = 22;
+/// Mask of one counter.
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+/// Shift of the `prev` counter.
+const PREV_SHIFT: u32 = COUNT_BITS;
+/// Shift of the window field.
+const WINDOW_SHIFT: u32 = 2 * COUNT_BITS;
+/// Mask of the window field (after shifting).
+const WINDOW_MASK: u64 = (1 << (64 - WINDOW_SHIFT)) - 1;
+/// Half the window id space: distances at or above it mean "stored window is ahead of now".
+const WINDOW_HALF: u64 = 1 << (63 - WINDOW_SHIFT);
+/// The largest limit a sliding window counter can count.
+pub(crate) const MAX_LIMIT: u64 = COUNT_MASK;
+
+/// Packs `(window, prev, cur)`.
+#[inline]
+pub(crate) fn encode(window: u64, prev: u64, cur: u64) -> u64 {
+    debug_assert!(prev <= COUNT_MASK && cur <= COUNT_MASK);
+    ((window & WINDOW_MASK) << WINDOW_SHIFT) | (prev << PREV_SHIFT) | cur
+}
+
+/// Unpacks `(window, prev, cur)`.
+#[inline]
+pub(crate) fn decode(state: u64) -> (u64, u64, u64) {
+    (
+        state >> WINDOW_SHIFT,
+        (state >> PREV_SHIFT) & COUNT_MASK,
+        state & COUNT_MASK,
+    )
+}
+
+/// The counters as seen at `now`.
+struct View {
+    window: u64,
+    prev: u64,
+    cur: u64,
+    /// ns into the window.
+    elapsed: u64,
+    /// ns from `now` until the moment the view describes (non-zero only when the clock went back).
+    lead: u64,
+}
+
+#[inline]
+fn view(state: u64, now: u64, rule: &Rule) -> View {
+    let (w, e) = window_of(now, rule.phase, rule.period);
+    let w = w & WINDOW_MASK;
+    let (sw, prev, cur) = decode(state);
+    let d = w.wrapping_sub(sw) & WINDOW_MASK;
+    match d {
+        0 => View {
+            window: w,
+            prev,
+            cur,
+            elapsed: e,
+            lead: 0,
+        },
+        1 => View {
+            window: w,
+            prev: cur,
+            cur: 0,
+            elapsed: e,
+            lead: 0,
+        },
+        d if d < WINDOW_HALF => View {
+            window: w,
+            prev: 0,
+            cur: 0,
+            elapsed: e,
+            lead: 0,
+        },
+        d => {
+            // The clock went back: judge as at the start of the stored window (the strictest
+            // moment of it), and report times from there.
+            let ahead = (WINDOW_MASK + 1 - d).saturating_mul(rule.period);
+            View {
+                window: sw,
+                prev,
+                cur,
+                elapsed: 0,
+                lead: ahead - e,
+            }
+        }
+    }
+}
+
+/// Decides a cost-`cost` request at `now`.
+pub(crate) fn decide(state: u64, now: u64, cost: u64, rule: &Rule, headroom: u64) -> Step<u64> {
+    let v = view(state, now, rule);
+    let p = u128::from(rule.period);
+    let cap = u128::from(rule.limit - headroom) * p;
+    let weighted = u128::from(v.prev) * (p - u128::from(v.elapsed));
+    let est = weighted + u128::from(v.cur) * p;
+    let after = est + u128::from(cost) * p;
+    let reset = |cur: u64, prev: u64| {
+        let left = rule.period - v.elapsed;
+        v.lead
+            + if cur > 0 {
+                left + rule.period
+            } else if prev > 0 {
+                left
+            } else {
+                0
+            }
+    };
+    if after <= cap {
+        let remaining = ((cap - after) / p) as u64;
+        let cur = v.cur + cost;
+        Step::allow(
+            encode(v.window, v.prev, cur),
+            rule.limit,
+            remaining,
+            reset(cur, v.prev),
+            0,
+        )
+    } else {
+        let remaining = (cap.saturating_sub(est) / p) as u64;
+        let retry = v.lead + retry_after(&v, cost, rule.limit - headroom, rule.period);
+        Step::deny(rule.limit, remaining, reset(v.cur, v.prev), retry)
+    }
+}
+
+/// The earliest wait after which the same request passes, given it does not pass now.
+fn retry_after(v: &View, cost: u64, cap: u64, period: u64) -> u64 {
+    let p = u128::from(period);
+    let left = period - v.elapsed;
+    // Later in this window: prev's weight falls as elapsed grows; need
+    // prev * (P - e') <= (cap - cur - cost) * P, i.e. P - e' <= q.
+    if v.cur + cost <= cap && v.prev > 0 {
+        let q = u128::from(cap - v.cur - cost) * p / u128::from(v.prev);
+        if q > 0 {
+            // q < P - elapsed here, or the request would pass now.
+            return (p - q) as u64 - v.elapsed;
+        }
+    }
+    // In the next window, cur becomes prev: need cur * (P - e'') <= (cap - cost) * P.
+    if v.cur == 0 {
+        return left;
+    }
+    let q2 = u128::from(cap - cost) * p / u128::from(v.cur);
+    left + (p.saturating_sub(q2)) as u64
+}
+
+/// True when the estimate is zero at `now` and stays zero.
+pub(crate) fn is_fresh(state: u64, now: u64, rule: &Rule) -> bool {
+    let v = view(state, now, rule);
+    v.prev == 0 && v.cur == 0
+}
+
+/// The window a charge landed in (the refund token).
+#[inline]
+pub(crate) fn token(state: u64) -> u64 {
+    decode(state).0
+}
+
+/// Takes back `cost` charged in window `token`: from `cur` if the window is still current, from
+/// `prev` if it has rolled once, nothing if it has gone.
+pub(crate) fn refund(state: u64, cost: u64, token: u64) -> u64 {
+    let (sw, prev, cur) = decode(state);
+    if sw == token {
+        encode(sw, prev, cur.saturating_sub(cost))
+    } else if sw == (token + 1) & WINDOW_MASK {
+        encode(sw, prev.saturating_sub(cost), cur)
+    } else {
+        state
+    }
+}
+
+/// Carries a key across a quota change: the estimate it has used stays used, as the new rule's
+/// current-window count (when the period is unchanged, the counters are kept as they are).
+pub(crate) fn migrate(state: u64, now: u64, old: &Rule, new: &Rule) -> u64 {
+    if old.period == new.period && old.phase == new.phase {
+        return state;
+    }
+    let v = view(state, now, old);
+    let p = u128::from(old.period);
+    let est = (u128::from(v.prev) * (p - u128::from(v.elapsed))).div_ceil(p) + u128::from(v.cur);
+    let (w, _) = window_of(now, new.phase, new.period);
+    encode(w, 0, u64::try_from(est).unwrap_or(MAX_LIMIT).min(MAX_LIMIT))
+}

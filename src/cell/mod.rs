@@ -1,0 +1,234 @@
+//! Per-key state cells and the one compare-and-swap loop that applies a pure decision to them.
+//!
+//! A word cell is one `AtomicU64` whose bits the algorithm's module documents:
+//! [`gcra`](crate::algo::gcra) (the whole word is the TAT), [`fixed`](crate::algo::fixed)
+//! (window | count) and [`sliding`](crate::algo::sliding) (window | prev | cur). Zero is the fresh
+//! state for all three. The sliding window log cannot fit a word; it is a small mutex-guarded log.
+//!
+//! A denial is a plain load: no write, so a flood of rejected requests does not move the cache
+//! line between cores.
+
+use crate::algo::{self, Step, log::Log};
+use crate::decision::Decision;
+use crate::quota::{Kind, Rule};
+use crate::sync::{AtomicU64, Mutex, Ordering, lock};
+
+/// What a call wants from a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Decide and charge if admitted.
+    Check,
+    /// Decide, charge nothing.
+    Peek,
+    /// Admit for a later moment, at most this many ns away (bucket algorithms; windows can only
+    /// admit now).
+    Reserve(u64),
+}
+
+/// The result of applying a call to a cell.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Applied {
+    pub(crate) decision: Decision,
+    /// What [`Cell::refund`] needs to take the charge back; `None` when nothing was charged.
+    pub(crate) token: Option<u64>,
+    /// Failed compare-and-swap attempts (contention), for the stats.
+    pub(crate) retries: u32,
+}
+
+/// Applies `step` to `cell` until it sticks: the only retry loop in the crate.
+///
+/// `step` may run several times (once per lost race), each time on the freshest value; it must
+/// be a pure function of its argument. When it returns a denial the loop ends after a plain load,
+/// with no write. Returns the decision, the state written (if any) and the number of retries.
+#[inline]
+pub(crate) fn update(
+    cell: &AtomicU64,
+    mut step: impl FnMut(u64) -> Step<u64>,
+) -> (Decision, Option<u64>, u32) {
+    // Acquire: pairs with the AcqRel exchange below (and the Release stores of reset and
+    // migration), so a thread that reads a state reads the latest one other threads published;
+    // Relaxed would also be correct for the count itself (one word, one modification order), but
+    // Acquire costs nothing on x86 and keeps a denial ordered after the admissions it counted.
+    let mut current = cell.load(Ordering::Acquire);
+    let mut retries = 0;
+    loop {
+        let Step { decision, next } = step(current);
+        let Some(next) = next else {
+            return (decision, None, retries);
+        };
+        // AcqRel on success: this charge is ordered with every other charge of the cell (they
+        // all RMW the same word, so whichever exchange comes first, the second sees its value and
+        // decides on it). On failure we get the value that beat us and decide again (Acquire).
+        match cell.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return (decision, Some(next), retries),
+            Err(actual) => {
+                current = actual;
+                retries += 1;
+            }
+        }
+    }
+}
+
+/// One part of a key's state: a packed word, or a log.
+#[derive(Debug)]
+pub(crate) enum Cell {
+    Word(AtomicU64),
+    Log(Box<Mutex<Log>>),
+}
+
+impl Cell {
+    /// A fresh cell for a rule of this kind.
+    pub(crate) fn fresh(kind: Kind) -> Cell {
+        match kind {
+            Kind::Log => Cell::Log(Box::new(Mutex::new(Log::default()))),
+            _ => Cell::Word(AtomicU64::new(0)),
+        }
+    }
+
+    /// Applies one call at `now`.
+    #[inline]
+    pub(crate) fn apply(
+        &self,
+        now: u64,
+        cost: u64,
+        rule: &Rule,
+        headroom: u64,
+        mode: Mode,
+    ) -> Applied {
+        match self {
+            Cell::Word(word) => {
+                if mode == Mode::Peek {
+                    // Acquire: see `update`.
+                    let state = word.load(Ordering::Acquire);
+                    let step = decide_word(state, now, cost, rule, headroom, Mode::Check);
+                    return Applied {
+                        decision: step.decision,
+                        token: None,
+                        retries: 0,
+                    };
+                }
+                let (decision, written, retries) =
+                    update(word, |s| decide_word(s, now, cost, rule, headroom, mode));
+                let token = written.map(|s| match rule.kind {
+                    Kind::Fixed => algo::fixed::token(s),
+                    Kind::Sliding => algo::sliding::token(s),
+                    _ => 0,
+                });
+                Applied {
+                    decision,
+                    token,
+                    retries,
+                }
+            }
+            Cell::Log(log) => {
+                // Contention: one short critical section per call on this key.
+                let mut log = lock(log);
+                log.expire(now, rule.period);
+                let step = algo::log::decide(&log, now, cost, rule, headroom);
+                let token = match (step.next, mode) {
+                    (Some(()), Mode::Check | Mode::Reserve(_)) => Some(log.push(now, cost)),
+                    _ => None,
+                };
+                Applied {
+                    decision: step.decision,
+                    token,
+                    retries: 0,
+                }
+            }
+        }
+    }
+
+    /// Takes back a charge this cell admitted (`token` from [`Applied`]).
+    pub(crate) fn refund(&self, cost: u64, rule: &Rule, token: u64) {
+        match self {
+            Cell::Word(word) => {
+                let _ = update(word, |s| {
+                    let next = match rule.kind {
+                        Kind::Gcra => algo::gcra::refund(s, cost, rule),
+                        Kind::Fixed => algo::fixed::refund(s, cost, token),
+                        Kind::Sliding => algo::sliding::refund(s, cost, token),
+                        Kind::Log => s,
+                    };
+                    Step {
+                        decision: Decision::denied(crate::Reason::Within, 0),
+                        next: Some(next),
+                    }
+                });
+            }
+            Cell::Log(log) => lock(log).refund(token, cost),
+        }
+    }
+
+    /// True when this cell is indistinguishable from a fresh one at `now`.
+    pub(crate) fn is_fresh(&self, now: u64, rule: &Rule) -> bool {
+        match self {
+            // Acquire: see `update`; the sweeper's caller holds the store's exclusive access, so
+            // no charge can land between this load and the removal.
+            Cell::Word(word) => {
+                let s = word.load(Ordering::Acquire);
+                match rule.kind {
+                    Kind::Gcra => algo::gcra::is_fresh(s, now),
+                    Kind::Fixed => algo::fixed::is_fresh(s, now, rule),
+                    Kind::Sliding => algo::sliding::is_fresh(s, now, rule),
+                    Kind::Log => true,
+                }
+            }
+            Cell::Log(log) => lock(log).is_fresh(now, rule.period),
+        }
+    }
+
+    /// A cell for `new` that carries this one's spending under `old` (see the limiter's docs for
+    /// the rule). Cells of a different kind start fresh.
+    pub(crate) fn migrate(&self, now: u64, old: &Rule, new: &Rule) -> Cell {
+        if old.kind != new.kind {
+            return Cell::fresh(new.kind);
+        }
+        match self {
+            Cell::Word(word) => {
+                // Acquire: see `update`. Migration runs under the store's exclusive access.
+                let s = word.load(Ordering::Acquire);
+                let next = match new.kind {
+                    Kind::Gcra => algo::gcra::migrate(s, now, old, new),
+                    Kind::Fixed => algo::fixed::migrate(s, now, old, new),
+                    Kind::Sliding => algo::sliding::migrate(s, now, old, new),
+                    Kind::Log => 0,
+                };
+                Cell::Word(AtomicU64::new(next))
+            }
+            Cell::Log(log) => {
+                let mut copy = lock(log).clone();
+                copy.expire(now, new.period);
+                Cell::Log(Box::new(Mutex::new(copy)))
+            }
+        }
+    }
+
+    /// Heap bytes this cell owns beyond its own size (for memory accounting).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        match self {
+            Cell::Word(_) => 0,
+            Cell::Log(log) => std::mem::size_of::<Mutex<Log>>() + lock(log).len() * 16,
+        }
+    }
+}
+
+/// The pure step for a word cell.
+#[inline]
+fn decide_word(
+    state: u64,
+    now: u64,
+    cost: u64,
+    rule: &Rule,
+    headroom: u64,
+    mode: Mode,
+) -> Step<u64> {
+    match (rule.kind, mode) {
+        (Kind::Gcra, Mode::Reserve(max_delay)) => {
+            algo::gcra::reserve(state, now, cost, rule, max_delay)
+        }
+        (Kind::Gcra, _) => algo::gcra::decide(state, now, cost, rule, headroom),
+        (Kind::Fixed, _) => algo::fixed::decide(state, now, cost, rule, headroom),
+        (Kind::Sliding, _) => algo::sliding::decide(state, now, cost, rule, headroom),
+        (Kind::Log, _) => unreachable!("a log rule always has a log cell"),
+    }
+}

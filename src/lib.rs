@@ -1,0 +1,36 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+pub(crate) mod algo;
+pub(crate) mod cell;
+pub(crate) mod clock;
+pub(crate) mod decision;
+pub(crate) mod error;
+pub(crate) mod guard;
+pub(crate) mod ip;
+pub(crate) mod limiter;
+pub(crate) mod plan;
+pub(crate) mod quota;
+pub(crate) mod stats;
+pub(crate) mod store;
+pub(crate) mod sweep;
+pub(crate) mod sync;
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(turnstile_loom)]
+#[doc(hidden)]
+pub mod loom_api;
+
+pub use clock::{Clock, FAKE_UNIX_EPOCH_S, FakeClock, MonotonicClock};
+pub use decision::{Decision, Reason};
+pub use error::Error;
+pub use guard::LoginGuard;
+pub use ip::{DEFAULT_V6_PREFIX, client_ip_key};
+pub use limiter::{Bound, Builder, Limiter, MAX_PARTS, Part, Plan, PlanId, Strategy, check_all};
+pub use plan::PlanConfig;
+pub use quota::{Algorithm, Quota};
+pub use stats::Stats;
+pub use store::OnFull;
+pub use sweep::Sweeper;

@@ -1,0 +1,852 @@
+//! The public face: builder, plans, checks, compound limits, strategies, stats.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::cell::Mode;
+use crate::clock::{Clock, MonotonicClock, nanos};
+use crate::decision::{Decision, Reason};
+use crate::error::Error;
+use crate::quota::Quota;
+use crate::stats::{Count, Counters, Stats};
+use crate::store::{DashStore, Entry, OnFull, Rules, Store};
+use crate::sweep::{self, Sweep, Sweeper};
+use crate::sync::AtomicUsize;
+
+/// The most quotas one plan may combine (10/s AND 1000/day is two).
+pub const MAX_PARTS: usize = 4;
+
+/// What happens to a request over its quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Strategy {
+    /// Deny it (HTTP 429).
+    #[default]
+    Hard,
+    /// Let it through, flagged as [`Reason::SoftLimit`], charging nothing.
+    Soft,
+    /// Admit it for a later moment, at most `max_delay` away (the leaky bucket as a queue, nginx
+    /// `burst` without `nodelay`); the decision's [`delay`](Decision::delay) says how long to
+    /// wait. Window algorithms cannot schedule ahead and admit only what passes now.
+    Queue {
+        /// The longest wait a request may be given.
+        max_delay: Duration,
+    },
+}
+
+/// A named tier: its quotas (all must pass), what happens over them, and its priority headroom.
+///
+/// ```
+/// use turnstile::{Plan, Quota, Strategy};
+/// let pro = Plan::new([Quota::per_second(10), Quota::per_day(1000)]).strategy(Strategy::Soft);
+/// assert_eq!(pro.quotas().len(), 2);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    quotas: Vec<Quota>,
+    strategy: Strategy,
+    headroom: u64,
+}
+
+impl Plan {
+    /// A plan whose requests must pass every one of `quotas`.
+    pub fn new(quotas: impl IntoIterator<Item = Quota>) -> Self {
+        Plan {
+            quotas: quotas.into_iter().collect(),
+            strategy: Strategy::Hard,
+            headroom: 0,
+        }
+    }
+    /// What happens over the quota.
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+    /// Priority: this plan's requests are denied while fewer than `units` would remain, keeping
+    /// that much of a shared key's quota for higher tiers (give lower tiers larger headroom).
+    pub fn headroom(mut self, units: u64) -> Self {
+        self.headroom = units;
+        self
+    }
+    /// The quotas.
+    pub fn quotas(&self) -> &[Quota] {
+        &self.quotas
+    }
+    /// The strategy.
+    pub fn strategy_kind(&self) -> Strategy {
+        self.strategy
+    }
+    /// The headroom.
+    pub fn headroom_units(&self) -> u64 {
+        self.headroom
+    }
+}
+
+/// A handle to one of a limiter's plans, resolved once by name with [`Limiter::plan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PlanId(u32);
+
+impl PlanId {
+    /// The plan that [`Limiter::check`] uses.
+    pub const DEFAULT: PlanId = PlanId(0);
+}
+
+/// A plan checked and compiled to integer rules.
+struct Compiled {
+    name: String,
+    rules: Arc<Rules>,
+    strategy: Strategy,
+    headroom: u64,
+    /// The largest cost that can ever pass: the smallest capacity minus the headroom.
+    max_cost: u64,
+}
+
+impl Compiled {
+    fn mode(&self, mode: Mode) -> Mode {
+        match (mode, self.strategy) {
+            (Mode::Check, Strategy::Queue { max_delay }) => Mode::Reserve(nanos(max_delay)),
+            (m, _) => m,
+        }
+    }
+}
+
+/// All plans of a limiter; replaced as a whole (copy on write) when one changes.
+struct Book {
+    plans: Vec<Compiled>,
+    by_name: HashMap<String, PlanId>,
+}
+
+impl Book {
+    fn compile(
+        plans: &[(String, Plan)],
+        unix_epoch_ns: u64,
+        previous: Option<&Book>,
+    ) -> Result<Book, Error> {
+        let mut compiled: Vec<Compiled> = Vec::with_capacity(plans.len());
+        let mut by_name = HashMap::new();
+        for (name, plan) in plans {
+            if plan.quotas.is_empty() {
+                return Err(Error::NoQuota);
+            }
+            if plan.quotas.len() > MAX_PARTS {
+                return Err(Error::Config {
+                    line: None,
+                    message: format!(
+                        "plan '{name}' combines {} quotas; at most {MAX_PARTS}",
+                        plan.quotas.len()
+                    ),
+                });
+            }
+            let parts = plan
+                .quotas
+                .iter()
+                .map(|q| q.compile(unix_epoch_ns))
+                .collect::<Result<Box<[_]>, _>>()?;
+            let capacity = parts.iter().map(|r| r.capacity).min().unwrap_or(0);
+            if plan.headroom >= capacity {
+                return Err(Error::HeadroomTooLarge {
+                    plan: name.clone(),
+                    headroom: plan.headroom,
+                    capacity,
+                });
+            }
+            let rules = Rules { parts };
+            // Plans with equal rules share one `Rules`, so a shared key checked under several
+            // tiers (the priority strategy) is never migrated back and forth; rules equal to the
+            // previous book's are reused so a reload migrates only the keys whose rules changed.
+            let shared = compiled
+                .iter()
+                .map(|c| &c.rules)
+                .chain(
+                    previous
+                        .into_iter()
+                        .flat_map(|b| b.plans.iter().map(|c| &c.rules)),
+                )
+                .find(|r| ***r == rules)
+                .cloned();
+            let rules = shared.unwrap_or_else(|| Arc::new(rules));
+            by_name.insert(name.clone(), PlanId(compiled.len() as u32));
+            compiled.push(Compiled {
+                name: name.clone(),
+                rules,
+                strategy: plan.strategy,
+                headroom: plan.headroom,
+                max_cost: capacity - plan.headroom,
+            });
+        }
+        Ok(Book {
+            plans: compiled,
+            by_name,
+        })
+    }
+
+    fn get(&self, id: PlanId) -> Result<&Compiled, Error> {
+        self.plans
+            .get(id.0 as usize)
+            .ok_or_else(|| Error::UnknownPlan(format!("#{}", id.0)))
+    }
+}
+
+/// Builds a [`Limiter`].
+pub struct Builder<K, C = MonotonicClock> {
+    quotas: Vec<Quota>,
+    strategy: Strategy,
+    plans: Vec<(String, Plan)>,
+    max_keys: usize,
+    on_full: OnFull,
+    shards: usize,
+    full_retry: Duration,
+    clock: C,
+    key: PhantomData<fn(K)>,
+}
+
+impl<K, C: Clock> Builder<K, C> {
+    /// Adds a quota to the default plan (several quotas: a compound limit on each key).
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.quotas.push(quota);
+        self
+    }
+    /// The default plan's strategy.
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+    /// Adds a named plan. Without [`quota`](Self::quota) calls, the first plan added is the
+    /// default one.
+    pub fn plan(mut self, name: impl Into<String>, plan: Plan) -> Self {
+        self.plans.push((name.into(), plan));
+        self
+    }
+    /// Adds every plan of a parsed configuration (see [`PlanConfig`](crate::PlanConfig)).
+    pub fn plans(mut self, config: crate::plan::PlanConfig) -> Self {
+        self.plans.extend(config.into_plans());
+        self
+    }
+    /// The most keys the table holds (default 1,000,000).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+    /// What to do with a new key when the table is full (default: deny it).
+    pub fn on_full(mut self, on_full: OnFull) -> Self {
+        self.on_full = on_full;
+        self
+    }
+    /// Number of shards of the map (default: 4 per core, a power of two).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+    /// The `retry_after` given to a new key denied because the table is full (default 1 s).
+    pub fn full_retry_after(mut self, d: Duration) -> Self {
+        self.full_retry = d;
+        self
+    }
+    /// The time source (default [`MonotonicClock`]).
+    pub fn clock<C2: Clock>(self, clock: C2) -> Builder<K, C2> {
+        Builder {
+            quotas: self.quotas,
+            strategy: self.strategy,
+            plans: self.plans,
+            max_keys: self.max_keys,
+            on_full: self.on_full,
+            shards: self.shards,
+            full_retry: self.full_retry,
+            clock,
+            key: PhantomData,
+        }
+    }
+
+    /// Checks every quota and builds the limiter.
+    pub fn build(self) -> Result<Limiter<K, C>, Error>
+    where
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+    {
+        if self.max_keys == 0 {
+            return Err(Error::ZeroMaxKeys);
+        }
+        let mut plans = Vec::with_capacity(self.plans.len() + 1);
+        if !self.quotas.is_empty() {
+            plans.push((
+                "default".to_string(),
+                Plan::new(self.quotas).strategy(self.strategy),
+            ));
+        }
+        plans.extend(self.plans);
+        if plans.is_empty() {
+            return Err(Error::NoQuota);
+        }
+        let book = Book::compile(&plans, self.clock.unix_epoch_ns(), None)?;
+        Ok(Limiter {
+            store: DashStore::new(self.shards, self.max_keys, self.on_full),
+            book: ArcSwap::from_pointee(book),
+            plans: crate::sync::Mutex::new(plans),
+            clock: self.clock,
+            counters: Counters::new(),
+            sweep_cursor: AtomicUsize::new(0),
+            full_retry_ns: nanos(self.full_retry),
+        })
+    }
+}
+
+/// A keyed rate limiter: any `K: Hash + Eq` (u64, `IpAddr`, `String`, tuples for composite keys).
+///
+/// Checks of existing keys are lock-free at the cell (one compare-and-swap when admitted, a plain
+/// load when denied); the map itself is a sharded `DashMap`.
+///
+/// Changing quotas on a live limiter ([`set_plan`](Self::set_plan)) keeps what keys have spent:
+/// a bucket keeps its debt in units (re-measured in the new emission interval, capped at the new
+/// burst); a window keeps its counts (moved into the new current window when the period changes);
+/// a log keeps its entries. A part whose algorithm changes starts fresh. Keys move to the new
+/// rules lazily, on their next check.
+///
+/// ```
+/// use turnstile::{FakeClock, Limiter, Quota};
+/// let clock = FakeClock::new();
+/// let limiter = Limiter::<&str>::builder()
+///     .quota(Quota::per_second(1).burst(2))
+///     .clock(clock.clone())
+///     .build()
+///     .unwrap();
+/// assert!(limiter.check(&"alice").is_allowed());
+/// assert!(limiter.check(&"alice").is_allowed());
+/// let denied = limiter.check(&"alice");
+/// assert!(!denied.is_allowed());
+/// assert_eq!(denied.retry_after().as_millis(), 1000);
+/// ```
+pub struct Limiter<K, C = MonotonicClock> {
+    store: DashStore<K>,
+    book: ArcSwap<Book>,
+    /// The plans as configured, for rebuilding the book on a change.
+    plans: crate::sync::Mutex<Vec<(String, Plan)>>,
+    clock: C,
+    counters: Counters,
+    sweep_cursor: AtomicUsize,
+    full_retry_ns: u64,
+}
+
+impl<K> Limiter<K, MonotonicClock> {
+    /// A builder with no quota, the monotonic clock, 1,000,000 keys at most, new keys denied when
+    /// full.
+    pub fn builder() -> Builder<K, MonotonicClock> {
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+        Builder {
+            quotas: Vec::new(),
+            strategy: Strategy::Hard,
+            plans: Vec::new(),
+            max_keys: 1_000_000,
+            on_full: OnFull::Deny,
+            shards: cores * 4,
+            full_retry: Duration::from_secs(1),
+            clock: MonotonicClock::new(),
+            key: PhantomData,
+        }
+    }
+}
+
+/// Undo information for a charged key: one refund token per part.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tokens([Option<u64>; MAX_PARTS]);
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// Checks one unit for `key` under the default plan.
+    #[inline]
+    pub fn check(&self, key: &K) -> Decision {
+        self.decide(key, PlanId::DEFAULT, 1, Mode::Check)
+            .unwrap_or_else(|_| self.never(key))
+    }
+
+    /// Checks `cost` units for `key` under the default plan. A cost above what the plan can ever
+    /// admit is an error, not a denial.
+    pub fn check_n(&self, key: &K, cost: u64) -> Result<Decision, Error> {
+        self.decide(key, PlanId::DEFAULT, cost, Mode::Check)
+    }
+
+    /// Checks `cost` units for `key` under `plan` (resolved per request, e.g. from the caller's
+    /// account), with that plan's strategy.
+    pub fn check_in(&self, key: &K, plan: PlanId, cost: u64) -> Result<Decision, Error> {
+        self.decide(key, plan, cost, Mode::Check)
+    }
+
+    /// What [`check`](Self::check) would answer, charging nothing and inserting nothing.
+    pub fn peek(&self, key: &K) -> Decision {
+        self.decide(key, PlanId::DEFAULT, 1, Mode::Peek)
+            .unwrap_or_else(|_| self.never(key))
+    }
+
+    /// What [`check_in`](Self::check_in) would answer, charging nothing.
+    pub fn peek_in(&self, key: &K, plan: PlanId, cost: u64) -> Result<Decision, Error> {
+        self.decide(key, plan, cost, Mode::Peek)
+    }
+
+    /// Reserves `cost` units for a moment at most `max_delay` away: the decision's
+    /// [`delay`](Decision::delay) says how long to wait before proceeding. Bucket algorithms
+    /// schedule ahead; window algorithms admit only what passes now.
+    pub fn reserve(&self, key: &K, cost: u64, max_delay: Duration) -> Result<Decision, Error> {
+        self.decide(key, PlanId::DEFAULT, cost, Mode::Reserve(nanos(max_delay)))
+    }
+
+    /// [`reserve`](Self::reserve) under `plan`.
+    pub fn reserve_in(
+        &self,
+        key: &K,
+        plan: PlanId,
+        cost: u64,
+        max_delay: Duration,
+    ) -> Result<Decision, Error> {
+        self.decide(key, plan, cost, Mode::Reserve(nanos(max_delay)))
+    }
+
+    /// The plan called `name`.
+    pub fn plan(&self, name: &str) -> Option<PlanId> {
+        self.book.load().by_name.get(name).copied()
+    }
+
+    /// The names of the plans, in [`PlanId`] order.
+    pub fn plan_names(&self) -> Vec<String> {
+        self.book
+            .load()
+            .plans
+            .iter()
+            .map(|p| p.name.clone())
+            .collect()
+    }
+
+    /// Forgets `key` entirely (back to fresh). True if it was tracked.
+    ///
+    /// Contention: takes the key's shard write lock.
+    pub fn reset(&self, key: &K) -> bool {
+        self.store.remove(key)
+    }
+
+    /// A penalty: `key` is denied for `duration` from now, whatever its quota says (an existing
+    /// longer penalty stays). False when the key is new and the table is full.
+    pub fn block(&self, key: &K, duration: Duration) -> bool {
+        let now = self.clock.now();
+        let until = now.saturating_add(nanos(duration));
+        let book = self.book.load();
+        let Ok(plan) = book.get(PlanId::DEFAULT) else {
+            return false;
+        };
+        self.store
+            .with_or_insert(
+                key,
+                || Entry::fresh(&plan.rules),
+                |e| self.evictable(e, now),
+                // Relaxed: see `Entry::blocked_until`; fetch_max keeps the later deadline.
+                |e| {
+                    e.blocked_until
+                        .fetch_max(until, crate::sync::Ordering::Relaxed)
+                },
+            )
+            .is_ok()
+    }
+
+    /// Adds or replaces the plan called `name` on the live limiter; see the type's docs for what
+    /// happens to keys already tracked. `"default"` is the plan [`check`](Self::check) uses.
+    ///
+    /// Contention: serialised with other plan changes; checks are never blocked.
+    pub fn set_plan(&self, name: &str, plan: Plan) -> Result<PlanId, Error> {
+        let mut plans = crate::sync::lock(&self.plans);
+        let mut next = plans.clone();
+        match next.iter_mut().find(|(n, _)| n == name) {
+            Some(slot) => slot.1 = plan,
+            None => next.push((name.to_string(), plan)),
+        }
+        let old = self.book.load_full();
+        let book = Book::compile(&next, self.clock.unix_epoch_ns(), Some(&old))?;
+        let id = book.by_name[name];
+        self.book.store(Arc::new(book));
+        *plans = next;
+        Ok(id)
+    }
+
+    /// Keys tracked now.
+    pub fn len(&self) -> usize {
+        self.store.len()
+    }
+
+    /// True when no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The counters (cheap: sums a few cache lines).
+    pub fn stats(&self) -> Stats {
+        self.counters.snapshot(self.store.len())
+    }
+
+    /// The limiter's clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// One bounded sweep step: shards from where the last step stopped, until at least `budget`
+    /// entries were visited. Returns the number of keys removed.
+    ///
+    /// Contention: takes each visited shard's write lock in turn.
+    pub fn sweep_once(&self, budget: usize) -> usize {
+        let now = self.clock.now();
+        sweep::sweep_once(&self.store, &self.sweep_cursor, now, budget, |r| {
+            self.counters.swept(r)
+        })
+        .1
+    }
+
+    /// Sweeps every shard once; returns the number of keys removed.
+    pub fn sweep_now(&self) -> usize {
+        self.sweep_once(usize::MAX)
+    }
+
+    /// Starts a background [`Sweeper`] that sweeps every `interval`.
+    pub fn start_sweeper(self: &Arc<Self>, interval: Duration) -> Sweeper {
+        Sweeper::start(Arc::downgrade(self), interval)
+    }
+
+    /// Heap bytes held by per-key state beyond the map's own slots (logs, compound cells).
+    pub fn state_heap_bytes(&self) -> usize {
+        self.store.sum_entries(Entry::heap_bytes)
+    }
+
+    /// Binds `key` (under the default plan) for [`check_all`].
+    pub fn key<'a>(&'a self, key: &'a K) -> Bound<'a, K, C> {
+        Bound {
+            limiter: self,
+            key,
+            plan: PlanId::DEFAULT,
+        }
+    }
+
+    /// Binds `key` under `plan` for [`check_all`].
+    pub fn key_in<'a>(&'a self, key: &'a K, plan: PlanId) -> Bound<'a, K, C> {
+        Bound {
+            limiter: self,
+            key,
+            plan,
+        }
+    }
+
+    /// The answer for a call that cannot fail but did (no default plan): a denial.
+    fn never(&self, _key: &K) -> Decision {
+        Decision::denied(Reason::Limited, 0)
+    }
+
+    fn evictable(&self, e: &Entry, now: u64) -> bool {
+        let fresh = e.is_fresh(now);
+        if fresh {
+            self.counters.evicted();
+        }
+        fresh
+    }
+
+    /// The whole decision path: plan, cost, strategy, entry, cells, stats.
+    #[inline]
+    fn decide(&self, key: &K, plan: PlanId, cost: u64, mode: Mode) -> Result<Decision, Error> {
+        let book = self.book.load();
+        let plan = book.get(plan)?;
+        check_cost(plan, cost)?;
+        let mode = plan.mode(mode);
+        let now = self.clock.now();
+        let (mut d, _, retries) = match self.charge(key, plan, now, cost, mode) {
+            Some(r) => r,
+            None => {
+                let cap = plan.rules.parts[0].capacity;
+                let d = Decision {
+                    limit: cap,
+                    ..Decision::denied(Reason::TableFull, self.full_retry_ns)
+                };
+                if mode != Mode::Peek {
+                    self.counters.count(Count::TableFull, 0);
+                }
+                return Ok(d);
+            }
+        };
+        if !d.allowed && d.reason == Reason::Limited && plan.strategy == Strategy::Soft {
+            d.allowed = true;
+            d.reason = Reason::SoftLimit;
+        }
+        if mode != Mode::Peek {
+            let what = match d.reason {
+                Reason::SoftLimit => Count::SoftPassed,
+                _ if d.allowed => Count::Allowed,
+                _ => Count::Denied,
+            };
+            self.counters.count(what, retries);
+        }
+        Ok(d)
+    }
+
+    /// Charges (or peeks) `key`'s entry, migrating it first if it was built for other rules.
+    /// `None` when the key is new and the table is full.
+    fn charge(
+        &self,
+        key: &K,
+        plan: &Compiled,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Option<(Decision, Tokens, u32)> {
+        let run = |e: &Entry| {
+            Arc::ptr_eq(&e.rules, &plan.rules).then(|| charge_entry(e, plan, now, cost, mode))
+        };
+        loop {
+            let outcome = if mode == Mode::Peek {
+                match self.store.with(key, run) {
+                    Some(r) => r,
+                    None => {
+                        return Some(charge_entry(
+                            &Entry::fresh(&plan.rules),
+                            plan,
+                            now,
+                            cost,
+                            mode,
+                        ));
+                    }
+                }
+            } else {
+                self.store
+                    .with_or_insert(
+                        key,
+                        || Entry::fresh(&plan.rules),
+                        |e| self.evictable(e, now),
+                        run,
+                    )
+                    .ok()?
+            };
+            if let Some(r) = outcome {
+                return Some(r);
+            }
+            // Built for other rules (a plan change or another tier): carry it over and retry.
+            self.store.replace(key, |e| {
+                (!Arc::ptr_eq(&e.rules, &plan.rules)).then(|| e.migrate(now, &plan.rules))
+            });
+        }
+    }
+}
+
+fn check_cost(plan: &Compiled, cost: u64) -> Result<(), Error> {
+    if cost == 0 {
+        return Err(Error::ZeroCost);
+    }
+    if cost > plan.max_cost {
+        return Err(Error::CostExceedsCapacity {
+            cost,
+            capacity: plan.max_cost,
+        });
+    }
+    Ok(())
+}
+
+/// Applies one call to every part of an entry, all or nothing: when a part denies, the parts
+/// already charged are refunded and the rest are only peeked (for the latest `retry_after`).
+#[inline]
+fn charge_entry(
+    e: &Entry,
+    plan: &Compiled,
+    now: u64,
+    cost: u64,
+    mode: Mode,
+) -> (Decision, Tokens, u32) {
+    let parts = &plan.rules.parts;
+    let blocked = e.blocked_until();
+    if blocked > now {
+        let wait = blocked - now;
+        let d = Decision {
+            limit: parts[0].capacity,
+            reset_after_ns: wait,
+            ..Decision::denied(Reason::Blocked, wait)
+        };
+        return (d, Tokens::default(), 0);
+    }
+    let cells = e.cells();
+    if let ([cell], [rule]) = (cells, &**parts) {
+        let a = cell.apply(now, cost, rule, plan.headroom, mode);
+        let mut tokens = Tokens::default();
+        tokens.0[0] = a.token;
+        return (a.decision, tokens, a.retries);
+    }
+    let mut tokens = Tokens::default();
+    let mut merged: Option<Decision> = None;
+    let mut retries = 0;
+    let mut denied = false;
+    for (i, (cell, rule)) in cells.iter().zip(parts.iter()).enumerate() {
+        let a = cell.apply(
+            now,
+            cost,
+            rule,
+            plan.headroom,
+            if denied { Mode::Peek } else { mode },
+        );
+        retries += a.retries;
+        if !denied {
+            tokens.0[i] = a.token;
+            if !a.decision.allowed {
+                denied = true;
+                refund(e, parts, cost, &mut tokens);
+            }
+        }
+        match &mut merged {
+            Some(m) => m.merge(&a.decision),
+            None => merged = Some(a.decision),
+        }
+    }
+    let d = merged.unwrap_or_else(|| Decision::denied(Reason::Limited, 0));
+    (d, tokens, retries)
+}
+
+/// Refunds every charged part of `e` and clears the tokens.
+fn refund(e: &Entry, parts: &[crate::quota::Rule], cost: u64, tokens: &mut Tokens) {
+    for ((cell, rule), token) in e.cells().iter().zip(parts).zip(tokens.0.iter_mut()) {
+        if let Some(t) = token.take() {
+            cell.refund(cost, rule, t);
+        }
+    }
+}
+
+/// A key bound to its limiter and plan: one part of a cross-key compound limit ([`check_all`]).
+pub struct Bound<'a, K, C> {
+    limiter: &'a Limiter<K, C>,
+    key: &'a K,
+    plan: PlanId,
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// What a charged part needs to be taken back.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Undo {
+    rules: Arc<Rules>,
+    tokens: Tokens,
+    cost: u64,
+}
+
+/// One part of a compound limit across keys: a [`Bound`] key. Sealed.
+pub trait Part: sealed::Sealed {
+    #[doc(hidden)]
+    fn charge_part(&self, cost: u64) -> Result<(Decision, Option<Undo>), Error>;
+    #[doc(hidden)]
+    fn undo_part(&self, undo: Undo);
+    #[doc(hidden)]
+    fn record(&self, decision: &Decision);
+}
+
+impl<K, C> sealed::Sealed for Bound<'_, K, C> {}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, K, C> {
+    fn charge_part(&self, cost: u64) -> Result<(Decision, Option<Undo>), Error> {
+        let l = self.limiter;
+        let book = l.book.load();
+        let plan = book.get(self.plan)?;
+        check_cost(plan, cost)?;
+        let now = l.clock.now();
+        match l.charge(self.key, plan, now, cost, Mode::Check) {
+            Some((d, tokens, _)) => {
+                let undo = d.allowed.then(|| Undo {
+                    rules: Arc::clone(&plan.rules),
+                    tokens,
+                    cost,
+                });
+                Ok((d, undo))
+            }
+            None => {
+                let d = Decision {
+                    limit: plan.rules.parts[0].capacity,
+                    ..Decision::denied(Reason::TableFull, l.full_retry_ns)
+                };
+                Ok((d, None))
+            }
+        }
+    }
+
+    fn undo_part(&self, mut undo: Undo) {
+        self.limiter.store.with(self.key, |e| {
+            // Only the entry the charge landed on can be refunded; a migrated one kept the
+            // charge in converted form, which errs on the strict side.
+            if Arc::ptr_eq(&e.rules, &undo.rules) {
+                refund(e, &undo.rules.parts, undo.cost, &mut undo.tokens);
+            }
+        });
+    }
+
+    fn record(&self, d: &Decision) {
+        let what = match (d.allowed, d.reason) {
+            (true, _) => Count::Allowed,
+            (false, Reason::TableFull) => Count::TableFull,
+            (false, _) => Count::Denied,
+        };
+        self.limiter.counters.count(what, 0);
+    }
+}
+
+/// Checks `cost` units against every part (per-user AND global, across limiters and key types),
+/// all or nothing: when any part denies, the parts already charged are refunded, so nothing stays
+/// charged; no part ever admits beyond its own bound. Parts are charged in order, so list the
+/// most likely to deny first. Strategies of the parts' plans do not apply here (hard denial).
+///
+/// A refund happens after the charge, so for that instant a concurrent request on the same key
+/// may be denied when it would otherwise pass (never admitted when it should not be).
+///
+/// ```
+/// use turnstile::{check_all, FakeClock, Limiter, Quota};
+/// let clock = FakeClock::new();
+/// let per_user = Limiter::<u64>::builder().quota(Quota::per_second(2)).clock(clock.clone()).build().unwrap();
+/// let global = Limiter::<()>::builder().quota(Quota::per_second(3)).clock(clock.clone()).build().unwrap();
+/// let mut admitted = 0;
+/// for user in [1, 1, 1, 2, 2] {
+///     if check_all(&[&per_user.key(&user), &global.key(&())], 1).unwrap().is_allowed() {
+///         admitted += 1;
+///     }
+/// }
+/// assert_eq!(admitted, 3); // user 1: 2 of 3; user 2: 1 of 2, the global limit is spent
+/// ```
+pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
+    let mut undos: Vec<Option<Undo>> = Vec::with_capacity(parts.len());
+    let mut merged: Option<Decision> = None;
+    let mut result = Ok(());
+    for part in parts {
+        match part.charge_part(cost) {
+            Ok((d, undo)) => {
+                let denied = !d.allowed;
+                undos.push(undo);
+                match &mut merged {
+                    Some(m) => m.merge(&d),
+                    None => merged = Some(d),
+                }
+                if denied {
+                    break;
+                }
+            }
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    let d = merged.unwrap_or_else(|| Decision::denied(Reason::Limited, 0));
+    if !d.allowed || result.is_err() {
+        for (part, undo) in parts.iter().zip(undos) {
+            if let Some(u) = undo {
+                part.undo_part(u);
+            }
+        }
+    }
+    result?;
+    for part in parts {
+        part.record(&d);
+    }
+    Ok(d)
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Sweep for Limiter<K, C> {
+    fn sweep_all(&self) -> usize {
+        self.sweep_now()
+    }
+}

@@ -1,0 +1,58 @@
+//! Internals exposed to the `loom-tests` crate only (under `--cfg turnstile_loom`): one cell and
+//! its rule, driven through the same code paths as the limiter (`cell::update`, `Cell::apply`,
+//! `Cell::refund`, `Entry::is_fresh`).
+
+use crate::cell::{Cell, Mode};
+use crate::quota::{Quota, Rule};
+
+/// A cell and the rule it runs under.
+pub struct ModelCell {
+    cell: Cell,
+    rule: Rule,
+}
+
+/// What one model call returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Admitted.
+    pub allowed: bool,
+    /// Refund token when charged.
+    pub token: Option<u64>,
+    /// Lost compare-and-swap races.
+    pub retries: u32,
+}
+
+impl ModelCell {
+    /// A fresh cell for `quota` (windows aligned to a Unix epoch of 0).
+    pub fn new(quota: Quota) -> Self {
+        let rule = quota.compile(0).expect("valid model quota");
+        ModelCell {
+            cell: Cell::fresh(rule.kind),
+            rule,
+        }
+    }
+    /// Checks `cost` at `now`.
+    pub fn check(&self, now: u64, cost: u64) -> Outcome {
+        let a = self.cell.apply(now, cost, &self.rule, 0, Mode::Check);
+        Outcome {
+            allowed: a.decision.allowed,
+            token: a.token,
+            retries: a.retries,
+        }
+    }
+    /// Peeks `cost` at `now`.
+    pub fn peek(&self, now: u64, cost: u64) -> bool {
+        self.cell
+            .apply(now, cost, &self.rule, 0, Mode::Peek)
+            .decision
+            .allowed
+    }
+    /// Refunds a charge.
+    pub fn refund(&self, cost: u64, token: u64) {
+        self.cell.refund(cost, &self.rule, token);
+    }
+    /// True when the cell is fresh at `now`.
+    pub fn is_fresh(&self, now: u64) -> bool {
+        self.cell.is_fresh(now, &self.rule)
+    }
+}

@@ -1,0 +1,331 @@
+//! Plans from a TOML file shaped like the seeds' free / pro / enterprise tiers.
+//!
+//! ```toml
+//! [plans.free]
+//! limit = 100
+//! window = 86400          # seconds, or a string: "500ms", "10s", "5m", "1h", "1d"
+//! burst = 10
+//! algorithm = "token_bucket"   # leaky_bucket, fixed_window, sliding_window_counter, sliding_window_log
+//!
+//! [plans.pro]              # a compound plan: every limit must pass
+//! strategy = "soft"        # hard (default), soft, queue (with max_delay), priority via headroom
+//! limits = [ { limit = 10, window = "1s" }, { limit = 10000, window = "1d", burst = 100 } ]
+//! ```
+//!
+//! Every mistake is an [`Error::Config`] that names the field and its line.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::error::Error;
+use crate::limiter::{MAX_PARTS, Plan, Strategy};
+use crate::quota::{Algorithm, Quota};
+
+/// Parsed plans, in file order; hand them to [`Builder::plans`](crate::Builder::plans).
+///
+/// ```
+/// use turnstile::PlanConfig;
+/// let config = PlanConfig::parse("[plans.free]\nlimit = 100\nwindow = \"1d\"\nburst = 10\n").unwrap();
+/// assert_eq!(config.names(), ["free"]);
+/// let err = PlanConfig::parse("[plans.free]\nlimit = 0\nwindow = 60\n").unwrap_err();
+/// assert_eq!(err.to_string(), "line 2: plans.free.limit: must be at least 1, got 0");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanConfig {
+    plans: Vec<(String, Plan)>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    plans: std::collections::BTreeMap<String, Spanned<RawPlan>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlan {
+    limit: Option<Spanned<i64>>,
+    window: Option<Spanned<RawDuration>>,
+    burst: Option<Spanned<i64>>,
+    algorithm: Option<Spanned<String>>,
+    strategy: Option<Spanned<String>>,
+    max_delay: Option<Spanned<RawDuration>>,
+    headroom: Option<Spanned<i64>>,
+    limits: Option<Spanned<Vec<Spanned<RawLimit>>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimit {
+    limit: Option<Spanned<i64>>,
+    window: Option<Spanned<RawDuration>>,
+    burst: Option<Spanned<i64>>,
+    algorithm: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(untagged)]
+enum RawDuration {
+    Seconds(i64),
+    Text(String),
+}
+
+/// Line (1-based) of byte offset `at` in `src`.
+fn line_of(src: &str, at: usize) -> usize {
+    src.as_bytes()[..at.min(src.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+struct Ctx<'a> {
+    src: &'a str,
+}
+
+impl Ctx<'_> {
+    fn err<T>(&self, at: usize, field: &str, message: impl std::fmt::Display) -> Result<T, Error> {
+        Err(Error::Config {
+            line: Some(line_of(self.src, at)),
+            message: format!("{field}: {message}"),
+        })
+    }
+
+    fn positive(&self, v: &Spanned<i64>, field: &str) -> Result<u64, Error> {
+        match u64::try_from(*v.get_ref()) {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => self.err(
+                v.span().start,
+                field,
+                format!("must be at least 1, got {}", v.get_ref()),
+            ),
+        }
+    }
+
+    fn duration(&self, v: &Spanned<RawDuration>, field: &str) -> Result<Duration, Error> {
+        let d = match v.get_ref() {
+            RawDuration::Seconds(s) => u64::try_from(*s).ok().map(Duration::from_secs),
+            RawDuration::Text(t) => parse_duration(t),
+        };
+        match d {
+            Some(d) if !d.is_zero() => Ok(d),
+            _ => self.err(
+                v.span().start,
+                field,
+                "must be a positive duration: whole seconds, or a string like \"500ms\", \"10s\", \"5m\", \"1h\", \"1d\"",
+            ),
+        }
+    }
+
+    fn quota(
+        &self,
+        at: usize,
+        path: &str,
+        limit: Option<&Spanned<i64>>,
+        window: Option<&Spanned<RawDuration>>,
+        burst: Option<&Spanned<i64>>,
+        algorithm: Option<&Spanned<String>>,
+    ) -> Result<Quota, Error> {
+        let Some(limit) = limit else {
+            return self.err(at, path, "missing field `limit`");
+        };
+        let Some(window) = window else {
+            return self.err(at, path, "missing field `window`");
+        };
+        let mut q = Quota::new(
+            self.positive(limit, &format!("{path}.limit"))?,
+            self.duration(window, &format!("{path}.window"))?,
+        );
+        if let Some(b) = burst {
+            q = q.burst(self.positive(b, &format!("{path}.burst"))?);
+        }
+        if let Some(a) = algorithm {
+            match Algorithm::from_name(a.get_ref()) {
+                Some(alg) => q = q.algorithm(alg),
+                None => {
+                    return self.err(
+                        a.span().start,
+                        &format!("{path}.algorithm"),
+                        format!(
+                            "unknown algorithm '{}' (expected one of token_bucket, leaky_bucket, fixed_window, sliding_window_counter, sliding_window_log)",
+                            a.get_ref()
+                        ),
+                    );
+                }
+            }
+        }
+        // The remaining checks (rate too high, burst too large, limit too large for the cell).
+        if let Err(e) = q.compile(0) {
+            return self.err(limit.span().start, path, e);
+        }
+        Ok(q)
+    }
+}
+
+/// Parses `"500ms"`, `"10s"`, `"5m"`, `"1h"`, `"1d"`, `"250us"`, `"10ns"`.
+pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (num, unit) = text.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let ns_per = match unit.trim() {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" | "min" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        "d" => 86_400_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(ns_per).map(Duration::from_nanos)
+}
+
+impl PlanConfig {
+    /// Parses a TOML document.
+    pub fn parse(src: &str) -> Result<PlanConfig, Error> {
+        let ctx = Ctx { src };
+        let file: File = toml::from_str(src).map_err(|e| toml_error(src, &e))?;
+        let mut tables: Vec<(String, Spanned<RawPlan>)> = file.plans.into_iter().collect();
+        // File order: the first plan is the default one.
+        tables.sort_by_key(|(_, p)| p.span().start);
+        if tables.is_empty() {
+            return Err(Error::Config {
+                line: None,
+                message: "plans: no plan defined".into(),
+            });
+        }
+        let mut plans = Vec::new();
+        for (name, raw) in tables {
+            let at = raw.span().start;
+            plans.push((name.clone(), ctx.plan(&name, at, raw.into_inner())?));
+        }
+        Ok(PlanConfig { plans })
+    }
+
+    /// Reads and parses a file.
+    pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<PlanConfig, Error> {
+        let path = path.as_ref();
+        let src = std::fs::read_to_string(path).map_err(|e| Error::Config {
+            line: None,
+            message: format!("{}: {e}", path.display()),
+        })?;
+        Self::parse(&src)
+    }
+
+    /// The plan names, in file order.
+    pub fn names(&self) -> Vec<&str> {
+        self.plans.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    /// The plan called `name`.
+    pub fn get(&self, name: &str) -> Option<&Plan> {
+        self.plans.iter().find(|(n, _)| n == name).map(|(_, p)| p)
+    }
+
+    pub(crate) fn into_plans(self) -> Vec<(String, Plan)> {
+        self.plans
+    }
+}
+
+impl Ctx<'_> {
+    fn plan(&self, name: &str, at: usize, raw: RawPlan) -> Result<Plan, Error> {
+        let path = format!("plans.{name}");
+        let mut quotas = Vec::new();
+        if raw.limit.is_some()
+            || raw.window.is_some()
+            || raw.burst.is_some()
+            || raw.algorithm.is_some()
+        {
+            quotas.push(self.quota(
+                at,
+                &path,
+                raw.limit.as_ref(),
+                raw.window.as_ref(),
+                raw.burst.as_ref(),
+                raw.algorithm.as_ref(),
+            )?);
+        }
+        if let Some(limits) = &raw.limits {
+            for (i, l) in limits.get_ref().iter().enumerate() {
+                let l_at = l.span().start;
+                let l = l.get_ref();
+                quotas.push(self.quota(
+                    l_at,
+                    &format!("{path}.limits[{i}]"),
+                    l.limit.as_ref(),
+                    l.window.as_ref(),
+                    l.burst.as_ref(),
+                    l.algorithm.as_ref(),
+                )?);
+            }
+        }
+        if quotas.is_empty() {
+            return self.err(at, &path, "no limit: set `limit` and `window`, or `limits`");
+        }
+        if quotas.len() > MAX_PARTS {
+            let at = raw.limits.as_ref().map_or(at, |l| l.span().start);
+            return self.err(
+                at,
+                &format!("{path}.limits"),
+                format!("at most {MAX_PARTS} limits per plan"),
+            );
+        }
+        let strategy = match &raw.strategy {
+            None => Strategy::Hard,
+            Some(s) => match s.get_ref().as_str() {
+                "hard" => Strategy::Hard,
+                "soft" => Strategy::Soft,
+                "queue" => {
+                    let Some(d) = &raw.max_delay else {
+                        return self.err(
+                            s.span().start,
+                            &format!("{path}.max_delay"),
+                            "required with strategy = \"queue\"",
+                        );
+                    };
+                    Strategy::Queue {
+                        max_delay: self.duration(d, &format!("{path}.max_delay"))?,
+                    }
+                }
+                other => {
+                    return self.err(
+                        s.span().start,
+                        &format!("{path}.strategy"),
+                        format!("unknown strategy '{other}' (expected hard, soft or queue)"),
+                    );
+                }
+            },
+        };
+        let mut plan = Plan::new(quotas).strategy(strategy);
+        if let Some(h) = &raw.headroom {
+            let Ok(units) = u64::try_from(*h.get_ref()) else {
+                return self.err(
+                    h.span().start,
+                    &format!("{path}.headroom"),
+                    "must not be negative",
+                );
+            };
+            let capacity = plan.quotas().iter().map(Quota::capacity).min().unwrap_or(0);
+            if units >= capacity {
+                return self.err(
+                    h.span().start,
+                    &format!("{path}.headroom"),
+                    format!("{units} leaves nothing of capacity {capacity}"),
+                );
+            }
+            plan = plan.headroom(units);
+        }
+        Ok(plan)
+    }
+}
+
+/// A toml parse error as a config error with its line.
+fn toml_error(src: &str, e: &toml::de::Error) -> Error {
+    Error::Config {
+        line: e.span().map(|s| line_of(src, s.start)),
+        message: e.message().trim().to_string(),
+    }
+}

@@ -1,0 +1,245 @@
+//! Quotas (what the user asks for) and rules (the integer parameters the algorithms run on).
+
+use std::time::Duration;
+
+use crate::algo::{fixed, log, sliding};
+use crate::clock::nanos;
+use crate::error::Error;
+
+/// Which algorithm enforces a quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// GCRA, the token bucket in time arithmetic: `limit` per `period`, up to `burst` at once.
+    #[default]
+    TokenBucket,
+    /// The leaky bucket as a meter: the same automaton as [`Algorithm::TokenBucket`] (the water
+    /// level is the bucket's debt), kept as its own name because the seeds describe it so.
+    LeakyBucket,
+    /// At most `limit` per window, windows aligned to Unix time; up to 2x across a boundary.
+    FixedWindow,
+    /// The two-window estimate `prev * (1 - elapsed/period) + cur`, in integer arithmetic.
+    SlidingWindowCounter,
+    /// Exact: at most `limit` in any interval of length `period`; O(limit) memory per key.
+    SlidingWindowLog,
+}
+
+impl Algorithm {
+    /// Every algorithm, in the order the seeds introduce them.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+    ];
+
+    /// The name used in configuration files and output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+        }
+    }
+
+    /// Parses a configuration name (`gcra` is accepted for the token bucket).
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Some(match name {
+            "token_bucket" | "gcra" => Algorithm::TokenBucket,
+            "leaky_bucket" => Algorithm::LeakyBucket,
+            "fixed_window" => Algorithm::FixedWindow,
+            "sliding_window_counter" => Algorithm::SlidingWindowCounter,
+            "sliding_window_log" => Algorithm::SlidingWindowLog,
+            _ => return None,
+        })
+    }
+
+    /// The cell kind this algorithm runs on; two algorithms with the same kind share state layout.
+    pub(crate) fn kind(self) -> Kind {
+        match self {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => Kind::Gcra,
+            Algorithm::FixedWindow => Kind::Fixed,
+            Algorithm::SlidingWindowCounter => Kind::Sliding,
+            Algorithm::SlidingWindowLog => Kind::Log,
+        }
+    }
+}
+
+/// The state layout behind an algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Gcra,
+    Fixed,
+    Sliding,
+    Log,
+}
+
+/// `limit` units per `period`, with a `burst` and an [`Algorithm`].
+///
+/// A quota is a plain value; it is checked when a limiter is built, and every mistake (a zero, a
+/// rate above one per nanosecond, a burst that overflows) is an [`Error`] naming the value.
+///
+/// ```
+/// use turnstile::{Algorithm, Quota};
+/// let q = Quota::per_second(10).burst(20);
+/// assert_eq!(q.limit(), 10);
+/// let w = Quota::per_minute(100).algorithm(Algorithm::FixedWindow);
+/// assert_eq!(w.period(), std::time::Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    limit: u64,
+    period_ns: u64,
+    burst: Option<u64>,
+    algorithm: Algorithm,
+}
+
+impl Quota {
+    /// `limit` units per `period`. The burst defaults to `limit`; the algorithm to the token bucket.
+    pub fn new(limit: u64, period: Duration) -> Self {
+        Self {
+            limit,
+            period_ns: nanos(period),
+            burst: None,
+            algorithm: Algorithm::TokenBucket,
+        }
+    }
+    /// `limit` per second.
+    pub fn per_second(limit: u64) -> Self {
+        Self::new(limit, Duration::from_secs(1))
+    }
+    /// `limit` per minute.
+    pub fn per_minute(limit: u64) -> Self {
+        Self::new(limit, Duration::from_secs(60))
+    }
+    /// `limit` per hour.
+    pub fn per_hour(limit: u64) -> Self {
+        Self::new(limit, Duration::from_secs(3600))
+    }
+    /// `limit` per day.
+    pub fn per_day(limit: u64) -> Self {
+        Self::new(limit, Duration::from_secs(86_400))
+    }
+    /// How many units an idle key may spend at once (bucket algorithms; windows ignore it).
+    pub fn burst(mut self, burst: u64) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+    /// The algorithm that enforces the quota.
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+    /// Units per period.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+    /// The period.
+    pub fn period(&self) -> Duration {
+        Duration::from_nanos(self.period_ns)
+    }
+    /// The burst (defaults to the limit).
+    pub fn burst_size(&self) -> u64 {
+        self.burst.unwrap_or(self.limit)
+    }
+    /// The algorithm.
+    pub fn algo(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The most units a key can hold: the burst for buckets, the limit for windows.
+    pub(crate) fn capacity(&self) -> u64 {
+        if self.algorithm.kind() == Kind::Gcra {
+            self.burst_size()
+        } else {
+            self.limit
+        }
+    }
+
+    /// Checks the quota and derives the integer parameters; `unix_epoch_ns` aligns windows.
+    pub(crate) fn compile(&self, unix_epoch_ns: u64) -> Result<Rule, Error> {
+        if self.limit == 0 {
+            return Err(Error::ZeroLimit);
+        }
+        if self.period_ns == 0 {
+            return Err(Error::ZeroPeriod);
+        }
+        let burst = self.burst_size();
+        if burst == 0 {
+            return Err(Error::ZeroBurst);
+        }
+        let kind = self.algorithm.kind();
+        let max_limit = match kind {
+            Kind::Gcra => u64::MAX,
+            Kind::Fixed => fixed::MAX_LIMIT,
+            Kind::Sliding => sliding::MAX_LIMIT,
+            Kind::Log => log::MAX_LIMIT,
+        };
+        if self.limit > max_limit {
+            return Err(Error::LimitTooLarge {
+                algorithm: self.algorithm.name(),
+                limit: self.limit,
+                max: max_limit,
+            });
+        }
+        let (emission, tolerance) = if kind == Kind::Gcra {
+            if self.limit > self.period_ns {
+                return Err(Error::RateTooHigh {
+                    limit: self.limit,
+                    period_ns: self.period_ns,
+                });
+            }
+            // Rounded up: the steady rate is never above limit/period (at most 1 ns per unit
+            // slower), so no quota admits more than its own bound.
+            let t = self.period_ns.div_ceil(self.limit);
+            let max = MAX_TOLERANCE_NS / t;
+            if burst > max {
+                return Err(Error::BurstTooLarge { burst, max });
+            }
+            (t, burst * t)
+        } else {
+            (0, 0)
+        };
+        let capacity = if kind == Kind::Gcra {
+            burst
+        } else {
+            self.limit
+        };
+        Ok(Rule {
+            algorithm: self.algorithm,
+            kind,
+            limit: self.limit,
+            period: self.period_ns,
+            capacity,
+            emission,
+            tolerance,
+            phase: unix_epoch_ns % self.period_ns,
+        })
+    }
+}
+
+/// The largest bucket tolerance (`burst * T`), 2^62 ns (about 146 years): with any `now` below
+/// 2^63 (292 years of uptime) every sum of a time and a tolerance fits in a u64.
+pub(crate) const MAX_TOLERANCE_NS: u64 = 1 << 62;
+
+/// A checked quota in integer nanoseconds: what the pure algorithms take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rule {
+    pub(crate) algorithm: Algorithm,
+    pub(crate) kind: Kind,
+    /// Units per period.
+    pub(crate) limit: u64,
+    /// Period in ns.
+    pub(crate) period: u64,
+    /// The most units a key can hold at once: the burst (buckets) or the limit (windows).
+    pub(crate) capacity: u64,
+    /// GCRA emission interval `T = ceil(period / limit)`, ns; 0 for windows.
+    pub(crate) emission: u64,
+    /// GCRA tolerance `burst * T`, ns; 0 for windows.
+    pub(crate) tolerance: u64,
+    /// `unix_epoch_ns % period`: window `w` is `floor((now + phase) / period)`, aligned to Unix time.
+    pub(crate) phase: u64,
+}

@@ -1,0 +1,165 @@
+//! The map from keys to their state, behind a small trait so stores can be compared in one run.
+//!
+//! A store holds [`Entry`] values: the rules the entry's cells were built for, a penalty deadline
+//! and the cells. It enforces the `max_keys` cap itself, so no caller can insert past it.
+
+pub(crate) mod dash;
+
+use std::sync::Arc;
+
+use crate::cell::Cell;
+use crate::quota::Rule;
+use crate::sync::{AtomicU64, Ordering};
+
+pub(crate) use dash::DashStore;
+
+/// What to do with a new key when the table holds `max_keys` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnFull {
+    /// Deny the new key with [`Reason::TableFull`](crate::Reason::TableFull); track nothing.
+    #[default]
+    Deny,
+    /// Evict a key from the new key's shard whose state is already back to fresh (so the
+    /// eviction gives nobody extra permits); deny as [`OnFull::Deny`] when there is none.
+    EvictFresh,
+}
+
+/// The rules of one plan: the parts of a compound limit, checked in order.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Rules {
+    pub(crate) parts: Box<[Rule]>,
+}
+
+/// One key's state.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    /// The rules `cells` were built for; when the key is checked under other rules (a plan
+    /// change), the entry is migrated first.
+    pub(crate) rules: Arc<Rules>,
+    /// A penalty: no request passes before this time (ns). 0 when none.
+    pub(crate) blocked_until: AtomicU64,
+    pub(crate) cells: Cells,
+}
+
+/// The cells of an entry: inline for the common single-quota case.
+#[derive(Debug)]
+pub(crate) enum Cells {
+    One(Cell),
+    Many(Box<[Cell]>),
+}
+
+impl Entry {
+    /// A fresh entry for `rules`.
+    pub(crate) fn fresh(rules: &Arc<Rules>) -> Entry {
+        let cells = match &*rules.parts {
+            [one] => Cells::One(Cell::fresh(one.kind)),
+            parts => Cells::Many(parts.iter().map(|r| Cell::fresh(r.kind)).collect()),
+        };
+        Entry {
+            rules: Arc::clone(rules),
+            blocked_until: AtomicU64::new(0),
+            cells,
+        }
+    }
+
+    /// The cells, one per part of the rules.
+    #[inline]
+    pub(crate) fn cells(&self) -> &[Cell] {
+        match &self.cells {
+            Cells::One(c) => std::slice::from_ref(c),
+            Cells::Many(cs) => cs,
+        }
+    }
+
+    /// The penalty deadline (ns), 0 when none.
+    #[inline]
+    pub(crate) fn blocked_until(&self) -> u64 {
+        // Relaxed: a deadline is a single self-contained word; `block` raises it with fetch_max,
+        // and a check that misses a penalty set concurrently is ordered before that call.
+        self.blocked_until.load(Ordering::Relaxed)
+    }
+
+    /// True when removing this entry changes no future decision: no penalty, every cell fresh.
+    pub(crate) fn is_fresh(&self, now: u64) -> bool {
+        self.blocked_until() <= now
+            && self
+                .cells()
+                .iter()
+                .zip(self.rules.parts.iter())
+                .all(|(c, r)| c.is_fresh(now, r))
+    }
+
+    /// This entry carried over to `rules` at `now` (see `Cell::migrate`).
+    pub(crate) fn migrate(&self, now: u64, rules: &Arc<Rules>) -> Entry {
+        let old = &self.rules.parts;
+        let cells: Vec<Cell> = rules
+            .parts
+            .iter()
+            .enumerate()
+            .map(|(i, new)| match (self.cells().get(i), old.get(i)) {
+                (Some(cell), Some(old)) => cell.migrate(now, old, new),
+                _ => Cell::fresh(new.kind),
+            })
+            .collect();
+        let cells = if cells.len() == 1 {
+            Cells::One(cells.into_iter().next().expect("one cell"))
+        } else {
+            Cells::Many(cells.into_boxed_slice())
+        };
+        Entry {
+            rules: Arc::clone(rules),
+            blocked_until: AtomicU64::new(self.blocked_until()),
+            cells,
+        }
+    }
+
+    /// Heap bytes owned by this entry beyond its inline size.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let boxed = match &self.cells {
+            Cells::One(_) => 0,
+            Cells::Many(cs) => cs.len() * std::mem::size_of::<Cell>(),
+        };
+        boxed + self.cells().iter().map(Cell::heap_bytes).sum::<usize>()
+    }
+}
+
+/// The table is at `max_keys` and the key is not in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Full;
+
+/// A concurrent map from keys to entries, capped at `max_keys`.
+pub(crate) trait Store<K>: Send + Sync {
+    /// Runs `f` on `key`'s entry if there is one.
+    fn with<R>(&self, key: &K, f: impl FnOnce(&Entry) -> R) -> Option<R>;
+
+    /// Runs `f` on `key`'s entry, inserting `make()` first when absent. At the cap, `OnFull`
+    /// decides: deny, or evict an entry of the same shard for which `evictable` holds.
+    fn with_or_insert<R>(
+        &self,
+        key: &K,
+        make: impl FnOnce() -> Entry,
+        evictable: impl FnMut(&Entry) -> bool,
+        f: impl FnOnce(&Entry) -> R,
+    ) -> Result<R, Full>;
+
+    /// Replaces `key`'s entry by `f(old)` under exclusive access, if it is present and `f`
+    /// returns a replacement.
+    fn replace(&self, key: &K, f: impl FnOnce(&Entry) -> Option<Entry>);
+
+    /// Removes `key`; true if it was present.
+    fn remove(&self, key: &K) -> bool;
+
+    /// Number of shards (the unit of [`Store::sweep_shard`]).
+    fn shards(&self) -> usize;
+
+    /// Removes the entries of shard `shard` for which `remove` holds, under exclusive access to
+    /// that shard. Returns `(visited, removed)`.
+    fn sweep_shard(&self, shard: usize, remove: impl FnMut(&Entry) -> bool) -> (usize, usize);
+
+    /// Keys held.
+    fn len(&self) -> usize;
+
+    /// Sums `f` over every entry (for memory accounting; takes each shard's read lock in turn).
+    fn sum_entries(&self, f: impl FnMut(&Entry) -> usize) -> usize;
+}

@@ -1,0 +1,379 @@
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use crate::{
+    Algorithm, Error, FakeClock, Limiter, LoginGuard, OnFull, Plan, PlanConfig, Quota, Reason,
+    Strategy, check_all,
+};
+
+fn limiter<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
+    q: Quota,
+    clock: &FakeClock,
+) -> Limiter<K, FakeClock> {
+    Limiter::builder()
+        .quota(q)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+/// Frozen clock, several threads on one key: exactly `burst` admitted, and the CAS loop really
+/// raced (retries observed). Then advancing k*T admits exactly k more.
+#[test]
+fn threads_on_one_key_admit_exactly_burst() {
+    const BURST: u64 = 100_000;
+    const THREADS: usize = 4;
+    for attempt in 0..10 {
+        let clock = FakeClock::new();
+        let l = Arc::new(limiter::<u64>(Quota::per_second(1000).burst(BURST), &clock));
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let admitted: u64 = (0..THREADS)
+            .map(|_| {
+                let (l, barrier) = (l.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    (0..BURST).filter(|_| l.check(&7).is_allowed()).count() as u64
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .sum();
+        assert_eq!(admitted, BURST, "attempt {attempt}");
+        let stats = l.stats();
+        assert_eq!(stats.allowed, BURST);
+        assert_eq!(stats.denied, THREADS as u64 * BURST - BURST);
+        // T = 1 ms: advancing 5 T admits exactly 5 more.
+        clock.advance(Duration::from_millis(5));
+        let more = (0..100).filter(|_| l.check(&7).is_allowed()).count();
+        assert_eq!(more, 5);
+        if stats.cas_retries > 0 {
+            return;
+        }
+    }
+    panic!("threads never collided in 10 attempts: the test proved nothing");
+}
+
+#[test]
+fn full_table_denies_new_keys_and_never_tracks_them() {
+    let clock = FakeClock::new();
+    let l: Limiter<u64, _> = Limiter::builder()
+        .quota(Quota::per_second(1))
+        .max_keys(10)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for k in 0..10 {
+        assert!(l.check(&k).is_allowed());
+    }
+    let d = l.check(&99);
+    assert!(!d.is_allowed());
+    assert_eq!(d.reason(), Reason::TableFull);
+    assert_eq!(l.len(), 10);
+    // Known keys keep their exact limit.
+    assert!(!l.check(&3).is_allowed());
+    assert_eq!(l.stats().table_full, 1);
+    // Once keys are back to fresh and swept, new keys get in.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(l.sweep_now(), 10);
+    assert!(l.check(&99).is_allowed());
+}
+
+#[test]
+fn evict_fresh_policy_only_evicts_fresh_state() {
+    let clock = FakeClock::new();
+    let l: Limiter<u64, _> = Limiter::builder()
+        .quota(Quota::per_minute(1))
+        .max_keys(4)
+        .shards(2)
+        .on_full(OnFull::EvictFresh)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for k in 0..4 {
+        assert!(l.check(&k).is_allowed());
+    }
+    // Nothing is fresh yet: the new key is denied, no victim loses its state.
+    assert_eq!(l.check(&100).reason(), Reason::TableFull);
+    for k in 0..4 {
+        assert!(!l.check(&k).is_allowed(), "key {k} kept its spent state");
+    }
+    clock.advance(Duration::from_secs(60));
+    // Everything is fresh now; new keys evict fresh ones (same shard) and are admitted.
+    assert!(l.check(&100).is_allowed());
+    assert_eq!(l.len(), 4);
+    assert!(l.stats().evictions >= 1);
+}
+
+#[test]
+fn sweeper_removes_only_fresh_state() {
+    let clock = FakeClock::new();
+    let l = limiter::<u64>(Quota::per_second(1).burst(2), &clock);
+    let _ = l.check(&1);
+    let _ = l.check(&2);
+    let _ = l.check(&2);
+    // Key 1 is back to full after 1 s, key 2 only after 2 s.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(l.sweep_now(), 1);
+    assert_eq!(l.len(), 1);
+    // Key 2's state survived: it has exactly one unit.
+    assert!(l.check(&2).is_allowed());
+    assert!(!l.check(&2).is_allowed());
+    // A blocked key is never swept while its penalty lasts.
+    assert!(l.block(&3, Duration::from_secs(10)));
+    clock.advance(Duration::from_secs(5));
+    l.sweep_now();
+    assert_eq!(l.check(&3).reason(), Reason::Blocked);
+    assert_eq!(l.stats().swept, 2);
+}
+
+#[test]
+fn background_sweeper_runs_and_stops_on_drop() {
+    let clock = FakeClock::new();
+    let l = Arc::new(limiter::<u64>(Quota::per_second(10), &clock));
+    for k in 0..100 {
+        let _ = l.check(&k);
+    }
+    clock.advance(Duration::from_secs(1));
+    let sweeper = l.start_sweeper(Duration::from_millis(5));
+    let start = std::time::Instant::now();
+    while !l.is_empty() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(l.is_empty());
+    drop(sweeper);
+    let sweeps = l.stats().sweeps;
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(l.stats().sweeps, sweeps, "the thread stopped");
+}
+
+/// Sweeping while threads check: the total admitted never exceeds what the quota allows.
+#[test]
+fn sweep_racing_checks_grants_no_extra_permits() {
+    let clock = FakeClock::new();
+    let l = Arc::new(limiter::<u64>(Quota::per_second(1).burst(50), &clock));
+    let stop = Arc::new(crate::sync::AtomicU64::new(0));
+    let sweeper = {
+        let (l, stop) = (l.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while stop.load(crate::sync::Ordering::Relaxed) == 0 {
+                l.sweep_now();
+            }
+        })
+    };
+    let checkers: Vec<_> = (0..2)
+        .map(|_| {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                (0..20_000)
+                    .filter(|i| l.check(&(i % 8)).is_allowed())
+                    .count()
+            })
+        })
+        .collect();
+    let admitted: usize = checkers.into_iter().map(|h| h.join().unwrap()).sum();
+    stop.store(1, crate::sync::Ordering::Relaxed);
+    sweeper.join().unwrap();
+    assert_eq!(admitted, 8 * 50);
+}
+
+#[test]
+fn compound_on_one_key_is_all_or_nothing() {
+    let clock = FakeClock::new();
+    let l: Limiter<u64, _> = Limiter::builder()
+        .quota(Quota::per_second(10))
+        .quota(Quota::per_day(15).algorithm(Algorithm::FixedWindow))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert_eq!((0..20).filter(|_| l.check(&1).is_allowed()).count(), 10);
+    clock.advance(Duration::from_secs(1));
+    // The day has 5 left; the second only gives 10 but the day caps it.
+    assert_eq!((0..20).filter(|_| l.check(&1).is_allowed()).count(), 5);
+    clock.advance(Duration::from_secs(1));
+    // Denials by the daily part refund the per-second part: a peek shows it full.
+    assert_eq!(l.peek(&1).remaining(), 0);
+    assert!(!l.check(&1).is_allowed());
+    let d = l.check_n(&1, 1).unwrap();
+    assert!(!d.is_allowed());
+    assert_eq!(d.retry_after(), Duration::from_secs(86_400 - 2));
+}
+
+#[test]
+fn compound_across_keys_refunds_on_denial() {
+    let clock = FakeClock::new();
+    let per_user = limiter::<u64>(Quota::per_second(3), &clock);
+    let global = limiter::<()>(Quota::per_second(4), &clock);
+    let mut admitted = [0; 3];
+    for round in 0..4 {
+        for user in 0..3u64 {
+            if check_all(&[&per_user.key(&user), &global.key(&())], 1)
+                .unwrap()
+                .is_allowed()
+            {
+                admitted[user as usize] += 1;
+            }
+            let _ = round;
+        }
+    }
+    assert_eq!(admitted.iter().sum::<i32>(), 4, "global bound holds");
+    // Users denied by the global part were refunded: each still has 3 - admitted left.
+    for user in 0..3u64 {
+        assert_eq!(
+            per_user.peek(&user).remaining() as i32,
+            3 - admitted[user as usize] - 1
+        );
+    }
+}
+
+#[test]
+fn plans_resolve_per_key_and_survive_a_live_change() {
+    let clock = FakeClock::new();
+    let config = PlanConfig::parse(
+        r#"
+[plans.free]
+limit = 100
+window = 86400
+burst = 10
+
+[plans.pro]
+limit = 10000
+window = "1d"
+burst = 100
+"#,
+    )
+    .unwrap();
+    let l: Limiter<u64, _> = Limiter::builder()
+        .plans(config)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let (free, pro) = (l.plan("free").unwrap(), l.plan("pro").unwrap());
+    let count = |plan, key| {
+        (0..200)
+            .filter(|_| l.check_in(&key, plan, 1).unwrap().is_allowed())
+            .count()
+    };
+    assert_eq!(count(free, 1), 10);
+    assert_eq!(count(pro, 2), 100);
+    // Key 1 upgrades: it keeps its 10 spent units, now out of 100.
+    let d = l.check_in(&1, pro, 1).unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(d.remaining(), 89);
+    // A live change of the free plan keeps what free keys spent.
+    let _ = l.check_in(&3, free, 5).unwrap();
+    l.set_plan("free", Plan::new([Quota::per_day(100).burst(20)]))
+        .unwrap();
+    let d = l.check_in(&3, l.plan("free").unwrap(), 1).unwrap();
+    assert_eq!(d.remaining(), 14);
+}
+
+#[test]
+fn plan_config_errors_name_field_and_line() {
+    let err = PlanConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1x\"\n").unwrap_err();
+    assert_eq!(err.to_string().split(':').next(), Some("line 3"));
+    assert!(err.to_string().contains("plans.free.window"), "{err}");
+    let err = PlanConfig::parse("[plans.free]\nlimit = 10\nwindow = 60\nalgorithm = \"magic\"\n")
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("line 4: plans.free.algorithm"),
+        "{err}"
+    );
+    let err = PlanConfig::parse("[plans.free]\nlimti = 10\n").unwrap_err();
+    assert!(matches!(err, Error::Config { line: Some(2), .. }), "{err}");
+    let err = PlanConfig::parse("[plans.free]\nlimit = 10\n").unwrap_err();
+    assert!(err.to_string().contains("missing field `window`"), "{err}");
+    let err = PlanConfig::parse(
+        "[plans.a]\nlimit = 5000000\nwindow = 60\nalgorithm = \"sliding_window_counter\"\n",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("at most 4194303"), "{err}");
+    assert!(PlanConfig::parse("not toml [").is_err());
+}
+
+#[test]
+fn strategies_soft_queue_priority() {
+    let clock = FakeClock::new();
+    let soft: Limiter<u64, _> = Limiter::builder()
+        .quota(Quota::per_second(1))
+        .strategy(Strategy::Soft)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert_eq!(soft.check(&1).reason(), Reason::Within);
+    let d = soft.check(&1);
+    assert!(d.is_allowed());
+    assert_eq!(d.reason(), Reason::SoftLimit);
+    assert_eq!(soft.stats().soft_passed, 1);
+
+    let queue: Limiter<u64, _> = Limiter::builder()
+        .quota(Quota::per_second(10).burst(1))
+        .strategy(Strategy::Queue {
+            max_delay: Duration::from_millis(250),
+        })
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let delays: Vec<_> = (0..4)
+        .map(|_| queue.check(&1))
+        .map(|d| (d.is_allowed(), d.delay().as_millis()))
+        .collect();
+    assert_eq!(delays, [(true, 0), (true, 100), (true, 200), (false, 0)]);
+
+    // Priority on a shared global key: free keeps 5 units free for pro.
+    let global: Limiter<(), _> = Limiter::builder()
+        .plan("pro", Plan::new([Quota::per_second(10)]))
+        .plan("free", Plan::new([Quota::per_second(10)]).headroom(5))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let (pro, free) = (global.plan("pro").unwrap(), global.plan("free").unwrap());
+    let free_ok = (0..10)
+        .filter(|_| global.check_in(&(), free, 1).unwrap().is_allowed())
+        .count();
+    assert_eq!(free_ok, 5);
+    let pro_ok = (0..10)
+        .filter(|_| global.check_in(&(), pro, 1).unwrap().is_allowed())
+        .count();
+    assert_eq!(pro_ok, 5);
+}
+
+#[test]
+fn login_guard_is_atomic_and_success_clears_only_its_pair() {
+    let clock = FakeClock::new();
+    let guard = Arc::new(LoginGuard::seeds_default(clock.clone()).unwrap());
+    let ip = "203.0.113.9".parse().unwrap();
+    // 8 concurrent guesses for one account: exactly 5 get to try a password.
+    let tried: usize = (0..8)
+        .map(|_| {
+            let g = guard.clone();
+            std::thread::spawn(move || g.attempt(ip, "alice").is_allowed() as usize)
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .sum();
+    assert_eq!(tried, 5);
+    // The attacker also owns "mallory": logging in there does not unlock alice.
+    assert!(guard.attempt(ip, "mallory").is_allowed());
+    guard.succeeded(ip, "mallory");
+    let d = guard.attempt(ip, "alice");
+    assert!(!d.is_allowed());
+    assert_eq!(d.reason(), Reason::Blocked);
+    // The per-ip budget (20) still counts every attempt: 6 used, 14 left across other accounts.
+    let others = (0..30)
+        .filter(|i| guard.attempt(ip, &format!("user{i}")).is_allowed())
+        .count();
+    assert_eq!(others, 14);
+}
+
+#[test]
+fn composite_and_string_keys() {
+    let clock = FakeClock::new();
+    let l = limiter::<(String, &'static str)>(Quota::per_minute(2), &clock);
+    let k = ("user-1".to_string(), "/api/search");
+    assert!(l.check(&k).is_allowed());
+    assert!(l.check(&k).is_allowed());
+    assert!(!l.check(&k).is_allowed());
+    assert!(l.check(&("user-1".to_string(), "/api/items")).is_allowed());
+}

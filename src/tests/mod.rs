@@ -1,0 +1,3 @@
+//! Cross-module tests: real threads, the table cap, sweeping, compound limits, plans, strategies.
+
+mod engine;
