@@ -6,8 +6,6 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-
 use crate::cell::Mode;
 use crate::clock::{Clock, MonotonicClock, nanos};
 use crate::decision::{Decision, Reason};
@@ -16,7 +14,7 @@ use crate::quota::Quota;
 use crate::stats::{Count, Counters, Stats};
 use crate::store::{DashStore, Entry, OnFull, Rules, Store};
 use crate::sweep::{self, Sweep, Sweeper};
-use crate::sync::AtomicUsize;
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
 
 /// The most quotas one plan may combine (10/s AND 1000/day is two).
 pub const MAX_PARTS: usize = 4;
@@ -192,6 +190,50 @@ impl Book {
     }
 }
 
+/// The current book behind one plain load.
+///
+/// Plan changes are rare (a config reload), so every book ever installed is kept until the
+/// limiter drops: a reader never needs a reference count or a guard, and a check reads the
+/// current book with one Acquire load of a pointer that no core writes on the hot path.
+struct Books {
+    current: AtomicPtr<Book>,
+    /// Owns every installed book, the current one included. Only `install` pushes. The boxes
+    /// give each book an address that stays put while the Vec grows.
+    #[allow(clippy::vec_box)]
+    all: crate::sync::Mutex<Vec<Box<Book>>>,
+}
+
+impl Books {
+    fn new(book: Book) -> Self {
+        let mut first = Box::new(book);
+        let current = AtomicPtr::new(&mut *first as *mut Book);
+        Books {
+            current,
+            all: crate::sync::Mutex::new(vec![first]),
+        }
+    }
+
+    #[inline]
+    fn current(&self) -> &Book {
+        // Acquire: pairs with the Release store in `install`, so the book's contents, written
+        // before it was published, are visible here.
+        let p = self.current.load(Ordering::Acquire);
+        // SAFETY: `p` points into a Box owned by `all`, which only ever grows and is dropped
+        // with `self`; the returned borrow cannot outlive `self`. Books are never mutated after
+        // being published.
+        unsafe { &*p }
+    }
+
+    fn install(&self, book: Book) {
+        let mut all = crate::sync::lock(&self.all);
+        let mut boxed = Box::new(book);
+        let p = &mut *boxed as *mut Book;
+        all.push(boxed);
+        // Release: pairs with the Acquire load in `current`.
+        self.current.store(p, Ordering::Release);
+    }
+}
+
 /// Builds a [`Limiter`].
 pub struct Builder<K, C = MonotonicClock> {
     quotas: Vec<Quota>,
@@ -284,7 +326,7 @@ impl<K, C: Clock> Builder<K, C> {
         let book = Book::compile(&plans, self.clock.unix_epoch_ns(), None)?;
         Ok(Limiter {
             store: DashStore::new(self.shards, self.max_keys, self.on_full),
-            book: ArcSwap::from_pointee(book),
+            book: Books::new(book),
             plans: crate::sync::Mutex::new(plans),
             clock: self.clock,
             counters: Counters::new(),
@@ -321,7 +363,7 @@ impl<K, C: Clock> Builder<K, C> {
 /// ```
 pub struct Limiter<K, C = MonotonicClock> {
     store: DashStore<K>,
-    book: ArcSwap<Book>,
+    book: Books,
     /// The plans as configured, for rebuilding the book on a change.
     plans: crate::sync::Mutex<Vec<(String, Plan)>>,
     clock: C,
@@ -404,13 +446,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// The plan called `name`.
     pub fn plan(&self, name: &str) -> Option<PlanId> {
-        self.book.load().by_name.get(name).copied()
+        self.book.current().by_name.get(name).copied()
     }
 
     /// The names of the plans, in [`PlanId`] order.
     pub fn plan_names(&self) -> Vec<String> {
         self.book
-            .load()
+            .current()
             .plans
             .iter()
             .map(|p| p.name.clone())
@@ -429,7 +471,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     pub fn block(&self, key: &K, duration: Duration) -> bool {
         let now = self.clock.now();
         let until = now.saturating_add(nanos(duration));
-        let book = self.book.load();
+        let book = self.book.current();
         let Ok(plan) = book.get(PlanId::DEFAULT) else {
             return false;
         };
@@ -458,10 +500,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             Some(slot) => slot.1 = plan,
             None => next.push((name.to_string(), plan)),
         }
-        let old = self.book.load_full();
-        let book = Book::compile(&next, self.clock.unix_epoch_ns(), Some(&old))?;
+        let book = Book::compile(&next, self.clock.unix_epoch_ns(), Some(self.book.current()))?;
         let id = book.by_name[name];
-        self.book.store(Arc::new(book));
+        self.book.install(book);
         *plans = next;
         Ok(id)
     }
@@ -547,7 +588,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// The whole decision path: plan, cost, strategy, entry, cells, stats.
     #[inline]
     fn decide(&self, key: &K, plan: PlanId, cost: u64, mode: Mode) -> Result<Decision, Error> {
-        let book = self.book.load();
+        let book = self.book.current();
         let plan = book.get(plan)?;
         check_cost(plan, cost)?;
         let mode = plan.mode(mode);
@@ -743,7 +784,7 @@ impl<K, C> sealed::Sealed for Bound<'_, K, C> {}
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, K, C> {
     fn charge_part(&self, cost: u64) -> Result<(Decision, Option<Undo>), Error> {
         let l = self.limiter;
-        let book = l.book.load();
+        let book = l.book.current();
         let plan = book.get(self.plan)?;
         check_cost(plan, cost)?;
         let now = l.clock.now();

@@ -5,7 +5,7 @@
 //! performs. Keep it that way: a raw `std` atomic elsewhere is invisible to the model checker.
 
 #[cfg(not(turnstile_loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(turnstile_loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
 
@@ -14,7 +14,7 @@ pub(crate) use std::sync::{Mutex, MutexGuard};
 pub(crate) use std::sync::atomic::AtomicUsize as StaticAtomicUsize;
 
 #[cfg(turnstile_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 #[cfg(turnstile_loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 

@@ -1,1 +1,746 @@
-fn main() {}
+//! `turnstile`: a demo of the seeds' story (a bot at 10,000 req/s among honest users) on a virtual
+//! clock through every algorithm, and a quick single-thread benchmark.
+//!
+//! Built with `cargo run --release --features cli -- <command>`; `turnstile --help` lists the
+//! commands. Argument parsing and the SVG chart are written by hand (no dependencies).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::fmt::Write as _;
+use std::io::{self, Write as _};
+use std::process::ExitCode;
+// The library routes its atomics through `src/sync.rs` (for loom); this binary is not part of the
+// engine, and a global allocator needs a plain `static` atomic.
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use turnstile::{Algorithm, Clock, Error, FakeClock, Limiter, Quota};
+
+// ---------------------------------------------------------------------------------------------
+// Counting allocator: live heap bytes, for the demo's "bytes per key" column.
+// ---------------------------------------------------------------------------------------------
+
+/// Bytes currently allocated through the global allocator.
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// The system allocator, counting live bytes.
+struct Counting;
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged; the counter is
+// bookkeeping only and never affects what is returned.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded contract of `GlobalAlloc::alloc`.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded contract of `GlobalAlloc::alloc_zeroed`.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded contract of `GlobalAlloc::dealloc`.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded contract of `GlobalAlloc::realloc`.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
+            LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn live_bytes() -> usize {
+    LIVE_BYTES.load(Ordering::Relaxed)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Command line.
+// ---------------------------------------------------------------------------------------------
+
+const USAGE: &str = "\
+turnstile: a keyed rate limiter, demonstrated
+
+USAGE:
+    turnstile demo [--plot FILE.svg] [--seconds N]
+    turnstile bench [--keys N] [--seconds S]
+    turnstile --help
+
+COMMANDS:
+    demo    Replays the story on a virtual clock: one bot client sends 10,000 req/s
+            (starting at t = 59 s, the last second of the first minute window) while
+            50 honest users send about 1 req/s each; every client is limited to
+            100 requests per minute (buckets: burst 100). Runs every algorithm and
+            prints what each admitted, the bot's worst 2-second span, and the memory
+            each tracked key costs.
+              --plot FILE.svg   also write an SVG chart of the bot's admitted req/s
+              --seconds N       virtual seconds to simulate (1..=3600, default 180)
+    bench   Single-thread ns per check with the real monotonic clock, median of 5 runs,
+            for an allow-heavy quota (1,000,000 per ms, nearly everything admitted) and a
+            deny-heavy one (1 per hour, after the unit is spent).
+              --keys N          distinct keys, checked in turn (default 1000)
+              --seconds S       wall time per algorithm (default 0.2)
+
+Options accept `--name value` or `--name=value`.
+";
+
+/// Why a command stopped.
+enum Fail {
+    /// Bad command line: message, exit code 2.
+    Usage(String),
+    /// Something failed at run time: message, exit code 1.
+    Run(String),
+    /// Writing the output failed (a closed pipe): exit quietly.
+    Output(io::Error),
+}
+
+impl From<io::Error> for Fail {
+    fn from(e: io::Error) -> Self {
+        Fail::Output(e)
+    }
+}
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Self {
+        Fail::Run(format!("cannot build the limiter: {e}"))
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Fail::Usage(msg)) => {
+            eprintln!("turnstile: error: {msg}");
+            eprintln!("Run `turnstile --help` for usage.");
+            ExitCode::from(2)
+        }
+        Err(Fail::Run(msg)) => {
+            eprintln!("turnstile: error: {msg}");
+            ExitCode::from(1)
+        }
+        Err(Fail::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(Fail::Output(e)) => {
+            eprintln!("turnstile: error: cannot write output: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<(), Fail> {
+    let Some((cmd, rest)) = args.split_first() else {
+        return print_usage();
+    };
+    match cmd.as_str() {
+        "-h" | "--help" | "help" => print_usage(),
+        "demo" => {
+            let opts = parse_options(rest, &["--plot", "--seconds"])?;
+            if opts.help {
+                return print_usage();
+            }
+            let mut plot = None;
+            let mut seconds = 180;
+            for (name, value) in opts.values {
+                match name {
+                    "--plot" => plot = Some(value),
+                    _ => seconds = parse_int(name, &value, 1, 3600)?,
+                }
+            }
+            demo(seconds, plot.as_deref())
+        }
+        "bench" => {
+            let opts = parse_options(rest, &["--keys", "--seconds"])?;
+            if opts.help {
+                return print_usage();
+            }
+            let mut keys = 1000;
+            let mut seconds = 0.2;
+            for (name, value) in opts.values {
+                match name {
+                    "--keys" => keys = parse_int(name, &value, 1, 10_000_000)?,
+                    _ => seconds = parse_seconds(name, &value)?,
+                }
+            }
+            bench(keys, seconds)
+        }
+        other if other.starts_with('-') => Err(Fail::Usage(format!("unknown option '{other}'"))),
+        other => Err(Fail::Usage(format!(
+            "unknown command '{other}' (expected 'demo' or 'bench')"
+        ))),
+    }
+}
+
+fn print_usage() -> Result<(), Fail> {
+    io::stdout().lock().write_all(USAGE.as_bytes())?;
+    Ok(())
+}
+
+/// Parsed options of one command: `(name, value)` in order, and whether help was asked for.
+struct Options<'a> {
+    values: Vec<(&'a str, String)>,
+    help: bool,
+}
+
+/// Parses `--name value` / `--name=value` pairs for the names in `known`.
+fn parse_options<'a>(args: &[String], known: &[&'a str]) -> Result<Options<'a>, Fail> {
+    let mut out = Options {
+        values: Vec::new(),
+        help: false,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if arg == "-h" || arg == "--help" {
+            out.help = true;
+            continue;
+        }
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        let Some(&name) = known.iter().find(|k| **k == name) else {
+            return Err(Fail::Usage(if arg.starts_with('-') {
+                format!("unknown option '{name}'")
+            } else {
+                format!("unexpected argument '{arg}'")
+            }));
+        };
+        let value = match inline {
+            Some(v) => v,
+            None => it
+                .next()
+                .cloned()
+                .ok_or_else(|| Fail::Usage(format!("option '{name}' needs a value")))?,
+        };
+        if value.is_empty() {
+            return Err(Fail::Usage(format!("option '{name}' needs a value")));
+        }
+        out.values.push((name, value));
+    }
+    Ok(out)
+}
+
+fn parse_int(name: &str, value: &str, min: u64, max: u64) -> Result<u64, Fail> {
+    match value.replace('_', "").parse::<u64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(Fail::Usage(format!(
+            "option '{name}' expects a whole number from {min} to {max}, got '{value}'"
+        ))),
+    }
+}
+
+fn parse_seconds(name: &str, value: &str) -> Result<f64, Fail> {
+    match value.parse::<f64>() {
+        Ok(s) if s.is_finite() && (0.001..=600.0).contains(&s) => Ok(s),
+        _ => Err(Fail::Usage(format!(
+            "option '{name}' expects seconds from 0.001 to 600, got '{value}'"
+        ))),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Demo.
+// ---------------------------------------------------------------------------------------------
+
+const NS: u64 = 1_000_000_000;
+/// The bot's client id.
+const BOT: u64 = 0;
+/// Honest users are clients 1..=HONEST.
+const HONEST: u64 = 50;
+/// The bot's rate: 10,000 req/s, one every 100 µs.
+const BOT_GAP_NS: u64 = NS / 10_000;
+/// The bot starts in the last second of the first minute window (windows are aligned to Unix
+/// minutes and the fake clock's epoch is a whole minute, so the boundary is at t = 60 s).
+const BOT_START_NS: u64 = 59 * NS;
+/// Per-client limit: 100 per minute.
+const LIMIT: u64 = 100;
+/// Keys inserted to measure memory per key.
+const MEMORY_KEYS: u64 = 100_000;
+/// The fixed PRNG seed: every algorithm sees exactly the same traffic.
+const SEED: u64 = 0x7475_726e_7374_696c;
+
+/// splitmix64: a tiny, good-enough deterministic generator.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0; the modulo bias is irrelevant here).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+fn demo_quota(algorithm: Algorithm) -> Quota {
+    // Windows ignore the burst; the buckets hold at most 100 at once.
+    Quota::per_minute(LIMIT).burst(LIMIT).algorithm(algorithm)
+}
+
+/// What one algorithm did with the demo's traffic.
+struct Outcome {
+    algorithm: Algorithm,
+    bot_sent: u64,
+    /// Virtual times (ns) of the bot's admitted requests, in order.
+    bot_admitted: Vec<u64>,
+    honest_sent: u64,
+    honest_admitted: u64,
+    bytes_per_key: f64,
+}
+
+/// Plays the traffic through a limiter using `algorithm` on a virtual clock.
+fn simulate(algorithm: Algorithm, seconds: u64) -> Result<Outcome, Fail> {
+    let clock = FakeClock::new();
+    let limiter = Limiter::<u64>::builder()
+        .quota(demo_quota(algorithm))
+        .clock(clock.clone())
+        .build()?;
+    let end = seconds * NS;
+    let mut rng = SplitMix64(SEED);
+    // Next request time of each honest user: first one somewhere in the first second, then gaps
+    // uniform in 0.5..1.5 s (about 1 req/s each).
+    let mut honest: BinaryHeap<Reverse<(u64, u64)>> = (1..=HONEST)
+        .map(|user| Reverse((rng.below(NS), user)))
+        .collect();
+    let mut bot_next = BOT_START_NS;
+    let mut out = Outcome {
+        algorithm,
+        bot_sent: 0,
+        bot_admitted: Vec::new(),
+        honest_sent: 0,
+        honest_admitted: 0,
+        bytes_per_key: 0.0,
+    };
+    loop {
+        let honest_next = honest.peek().map_or(u64::MAX, |r| r.0.0);
+        let t = bot_next.min(honest_next);
+        if t >= end {
+            break;
+        }
+        clock.advance_ns(t - clock.now());
+        if bot_next <= honest_next {
+            out.bot_sent += 1;
+            if limiter.check(&BOT).is_allowed() {
+                out.bot_admitted.push(t);
+            }
+            bot_next += BOT_GAP_NS;
+        } else if let Some(Reverse((_, user))) = honest.pop() {
+            out.honest_sent += 1;
+            if limiter.check(&user).is_allowed() {
+                out.honest_admitted += 1;
+            }
+            honest.push(Reverse((t + NS / 2 + rng.below(NS), user)));
+        }
+    }
+    Ok(out)
+}
+
+/// Heap bytes one tracked key costs: growth of live bytes over [`MEMORY_KEYS`] fresh keys that
+/// each made one request, divided by their number.
+fn bytes_per_key(algorithm: Algorithm) -> Result<f64, Fail> {
+    let limiter = Limiter::<u64>::builder()
+        .quota(demo_quota(algorithm))
+        .clock(FakeClock::new())
+        .build()?;
+    let before = live_bytes();
+    for key in 0..MEMORY_KEYS {
+        let _ = limiter.check(&key);
+    }
+    let grown = live_bytes().saturating_sub(before);
+    drop(limiter);
+    Ok(grown as f64 / MEMORY_KEYS as f64)
+}
+
+/// The most timestamps in any half-open span `[t, t + span)` (times sorted ascending).
+fn max_in_span(times: &[u64], span: u64) -> usize {
+    let mut best = 0;
+    let mut lo = 0;
+    for (hi, &t) in times.iter().enumerate() {
+        while t - times[lo] >= span {
+            lo += 1;
+        }
+        best = best.max(hi - lo + 1);
+    }
+    best
+}
+
+fn demo(seconds: u64, plot: Option<&str>) -> Result<(), Fail> {
+    let mut outcomes = Vec::with_capacity(Algorithm::ALL.len());
+    for algorithm in Algorithm::ALL {
+        let mut o = simulate(algorithm, seconds)?;
+        o.bytes_per_key = bytes_per_key(algorithm)?;
+        outcomes.push(o);
+    }
+
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "turnstile demo: {seconds} virtual seconds; limit {LIMIT}/min per client (buckets: burst \
+         {LIMIT}); bot client at 10,000 req/s from t = {} s; {HONEST} honest users at ~1 req/s",
+        BOT_START_NS / NS
+    );
+    text.push('\n');
+    let header = [
+        "algorithm",
+        "bot sent",
+        "bot admitted",
+        "honest sent",
+        "honest admitted",
+        "bot max/2s",
+        "bot max/60s",
+        "bytes/key",
+    ];
+    let rows: Vec<Vec<String>> = outcomes
+        .iter()
+        .map(|o| {
+            let pct = if o.honest_sent == 0 {
+                100.0
+            } else {
+                100.0 * o.honest_admitted as f64 / o.honest_sent as f64
+            };
+            vec![
+                o.algorithm.name().to_string(),
+                o.bot_sent.to_string(),
+                o.bot_admitted.len().to_string(),
+                o.honest_sent.to_string(),
+                format!("{} ({pct:.1}%)", o.honest_admitted),
+                max_in_span(&o.bot_admitted, 2 * NS).to_string(),
+                max_in_span(&o.bot_admitted, 60 * NS).to_string(),
+                format!("{:.1}", o.bytes_per_key),
+            ]
+        })
+        .collect();
+    text.push_str(&table(&header, &rows));
+    let _ = writeln!(
+        text,
+        "\nfixed_window admits up to 2x the limit across a window boundary (100 at 59 s + 100 at \
+         60 s); sliding_window_log is exact (never over {LIMIT} in any 60 s) but keeps one entry \
+         per admitted request; sliding_window_counter estimates it with two counters; the \
+         buckets (GCRA) allow a burst of {LIMIT}, then one per 0.6 s; honest users (~60/min) \
+         stay under their own limit."
+    );
+    if let Some(path) = plot {
+        let svg = svg_chart(&outcomes, seconds);
+        std::fs::write(path, svg)
+            .map_err(|e| Fail::Run(format!("cannot write plot '{path}': {e}")))?;
+        let _ = writeln!(text, "\nwrote {path}");
+    }
+    io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(())
+}
+
+/// Formats an aligned table: the first column left-aligned, the others right-aligned.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.zip(&widths).enumerate() {
+            if i == 0 {
+                let _ = write!(s, "{cell:<w$}");
+            } else {
+                let _ = write!(s, "  {cell:>w$}");
+            }
+        }
+        s.push('\n');
+        s
+    };
+    let mut out = line(&mut header.iter().copied());
+    let total: usize = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
+    out.push_str(&"-".repeat(total));
+    out.push('\n');
+    for row in rows {
+        out.push_str(&line(&mut row.iter().map(String::as_str)));
+    }
+    out
+}
+
+/// A step of 1, 2 or 5 times a power of ten giving at most `max_ticks` ticks over `range`.
+fn nice_step(range: f64, max_ticks: f64) -> f64 {
+    let raw = (range / max_ticks).max(1e-9);
+    let pow = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * pow)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * pow)
+}
+
+/// An SVG line chart of the bot's admitted requests per second (1-second bins), one polyline per
+/// algorithm.
+fn svg_chart(outcomes: &[Outcome], seconds: u64) -> String {
+    const W: f64 = 960.0;
+    const H: f64 = 540.0;
+    const LEFT: f64 = 70.0;
+    const RIGHT: f64 = 230.0;
+    const TOP: f64 = 50.0;
+    const BOTTOM: f64 = 60.0;
+    const STYLES: [(&str, &str, f64); 5] = [
+        ("#d62728", "", 2.5),
+        ("#1f77b4", "8 4", 2.0),
+        ("#2ca02c", "2 3", 2.0),
+        ("#ff7f0e", "10 3 2 3", 2.0),
+        ("#9467bd", "4 4", 1.5),
+    ];
+    let bins: Vec<Vec<u64>> = outcomes
+        .iter()
+        .map(|o| {
+            let mut b = vec![0u64; seconds as usize];
+            for &t in &o.bot_admitted {
+                if let Some(slot) = b.get_mut((t / NS) as usize) {
+                    *slot += 1;
+                }
+            }
+            b
+        })
+        .collect();
+    let peak = bins.iter().flatten().copied().max().unwrap_or(0).max(1) as f64;
+    let y_step = nice_step(peak, 6.0);
+    let y_max = (peak / y_step).ceil() * y_step;
+    let x_max = seconds as f64;
+    let x_step = nice_step(x_max, 12.0).max(1.0);
+    let pw = W - LEFT - RIGHT;
+    let ph = H - TOP - BOTTOM;
+    let x = |s: f64| LEFT + s / x_max * pw;
+    let y = |v: f64| TOP + ph - v / y_max * ph;
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">
+<rect x="0" y="0" width="{W}" height="{H}" fill="white"/>
+<text x="{:.1}" y="24" text-anchor="middle" font-size="16">Bot requests admitted per second (limit {LIMIT}/min, bot at 10,000 req/s from t = {} s)</text>"#,
+        LEFT + pw / 2.0,
+        BOT_START_NS / NS
+    );
+    // Grid, ticks and tick labels.
+    let mut v = 0.0;
+    while v <= y_max + 1e-9 {
+        let yy = y(v);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT:.1}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#e0e0e0"/>
+<text x="{:.1}" y="{:.1}" text-anchor="end">{v}</text>"##,
+            LEFT + pw,
+            LEFT - 6.0,
+            yy + 4.0
+        );
+        v += y_step;
+    }
+    let mut t = 0.0;
+    while t <= x_max + 1e-9 {
+        let xx = x(t);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#e0e0e0"/>
+<text x="{xx:.1}" y="{:.1}" text-anchor="middle">{t}</text>"##,
+            TOP,
+            TOP + ph,
+            TOP + ph + 18.0
+        );
+        t += x_step;
+    }
+    // Axes and their labels.
+    let _ = writeln!(
+        s,
+        r#"<line x1="{LEFT:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="black"/>
+<line x1="{LEFT:.1}" y1="{TOP:.1}" x2="{LEFT:.1}" y2="{:.1}" stroke="black"/>
+<text x="{:.1}" y="{:.1}" text-anchor="middle">virtual time (s)</text>
+<text x="18" y="{:.1}" text-anchor="middle" transform="rotate(-90 18 {:.1})">bot requests admitted per second</text>"#,
+        TOP + ph,
+        LEFT + pw,
+        TOP + ph,
+        TOP + ph,
+        LEFT + pw / 2.0,
+        H - 16.0,
+        TOP + ph / 2.0,
+        TOP + ph / 2.0
+    );
+    // One polyline per algorithm, points at the bins' centres.
+    for (i, b) in bins.iter().enumerate() {
+        let (color, dash, width) = STYLES[i % STYLES.len()];
+        let mut points = String::new();
+        for (sec, &n) in b.iter().enumerate() {
+            let _ = write!(points, "{:.1},{:.1} ", x(sec as f64 + 0.5), y(n as f64));
+        }
+        let dash_attr = if dash.is_empty() {
+            String::new()
+        } else {
+            format!(r#" stroke-dasharray="{dash}""#)
+        };
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="{width}"{dash_attr} points="{}"/>"#,
+            points.trim_end()
+        );
+    }
+    // Legend.
+    let lx = LEFT + pw + 20.0;
+    let _ = writeln!(
+        s,
+        r#"<text x="{lx:.1}" y="{:.1}" font-weight="bold">algorithm</text>"#,
+        TOP + 10.0
+    );
+    for (i, o) in outcomes.iter().enumerate() {
+        let (color, dash, width) = STYLES[i % STYLES.len()];
+        let ly = TOP + 32.0 + 22.0 * i as f64;
+        let dash_attr = if dash.is_empty() {
+            String::new()
+        } else {
+            format!(r#" stroke-dasharray="{dash}""#)
+        };
+        let _ = writeln!(
+            s,
+            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="{width}"{dash_attr}/>
+<text x="{:.1}" y="{:.1}">{}</text>"#,
+            lx + 36.0,
+            lx + 44.0,
+            ly + 4.0,
+            o.algorithm.name()
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bench.
+// ---------------------------------------------------------------------------------------------
+
+/// Runs per measurement; the median is reported.
+const RUNS: usize = 5;
+/// Checks between two reads of the wall clock.
+const BATCH: u64 = 1024;
+
+/// Checks `keys` keys in turn for `budget`; returns ns per check and the admitted fraction.
+fn timed_run<C: Clock>(limiter: &Limiter<u64, C>, keys: u64, budget: Duration) -> (f64, f64) {
+    let start = Instant::now();
+    let mut key = 0u64;
+    let mut checks = 0u64;
+    let mut allowed = 0u64;
+    loop {
+        for _ in 0..BATCH {
+            let d = std::hint::black_box(limiter.check(std::hint::black_box(&key)));
+            allowed += u64::from(d.is_allowed());
+            key += 1;
+            if key == keys {
+                key = 0;
+            }
+        }
+        checks += BATCH;
+        let elapsed = start.elapsed();
+        if elapsed >= budget {
+            return (
+                elapsed.as_nanos() as f64 / checks as f64,
+                allowed as f64 / checks as f64,
+            );
+        }
+    }
+}
+
+/// Builds a limiter on the monotonic clock, lowering a window limit to the algorithm's maximum if
+/// the cell cannot count that far.
+fn bench_limiter(quota: Quota) -> Result<(Limiter<u64>, Quota), Fail> {
+    match Limiter::<u64>::builder().quota(quota).build() {
+        Ok(l) => Ok((l, quota)),
+        Err(Error::LimitTooLarge { max, .. }) => {
+            let q = Quota::new(max, quota.period()).algorithm(quota.algo());
+            Ok((Limiter::<u64>::builder().quota(q).build()?, q))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Median ns per check and median admitted fraction of [`RUNS`] runs.
+fn measure(quota: Quota, keys: u64, per_run: Duration) -> Result<(f64, f64, Quota), Fail> {
+    let (limiter, quota) = bench_limiter(quota)?;
+    // Warm-up: every key tracked (and, for the deny-heavy quota, its one unit spent).
+    for key in 0..keys {
+        let _ = limiter.check(&key);
+    }
+    let mut ns = Vec::with_capacity(RUNS);
+    let mut admitted = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        let (n, a) = timed_run(&limiter, keys, per_run);
+        ns.push(n);
+        admitted.push(a);
+    }
+    Ok((median(&mut ns), median(&mut admitted), quota))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn bench(keys: u64, seconds: f64) -> Result<(), Fail> {
+    let per_run = Duration::from_secs_f64(seconds / (2 * RUNS) as f64);
+    let mut out = io::stdout().lock();
+    writeln!(
+        out,
+        "turnstile bench: 1 thread, MonotonicClock, {keys} keys checked in turn, median of {RUNS} \
+         runs of {:.0} ms",
+        per_run.as_secs_f64() * 1e3
+    )?;
+    writeln!(
+        out,
+        "allow-heavy: 1,000,000 per 1 ms (or the algorithm's largest limit); deny-heavy: 1 per \
+         hour, spent during warm-up\n"
+    )?;
+    let header = [
+        "algorithm",
+        "allow ns/check",
+        "admitted",
+        "deny ns/check",
+        "admitted",
+        "allow quota",
+    ];
+    let mut rows = Vec::new();
+    for algorithm in Algorithm::ALL {
+        let allow = Quota::new(1_000_000, Duration::from_millis(1)).algorithm(algorithm);
+        let deny = Quota::per_hour(1).algorithm(algorithm);
+        let (a_ns, a_frac, a_quota) = measure(allow, keys, per_run)?;
+        let (d_ns, d_frac, _) = measure(deny, keys, per_run)?;
+        rows.push(vec![
+            algorithm.name().to_string(),
+            format!("{a_ns:.1}"),
+            format!("{:.1}%", a_frac * 100.0),
+            format!("{d_ns:.1}"),
+            format!("{:.1}%", d_frac * 100.0),
+            format!(
+                "{} per {} ms",
+                a_quota.limit(),
+                a_quota.period().as_secs_f64() * 1e3
+            ),
+        ]);
+    }
+    out.write_all(table(&header, &rows).as_bytes())?;
+    Ok(())
+}
