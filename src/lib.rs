@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 pub(crate) mod algo;
+pub(crate) mod alloc;
 pub(crate) mod cell;
 pub(crate) mod clock;
 pub(crate) mod decision;
@@ -23,6 +24,7 @@ mod tests;
 #[doc(hidden)]
 pub mod loom_api;
 
+pub use alloc::CountingAllocator;
 pub use clock::{Clock, FAKE_UNIX_EPOCH_S, FakeClock, MonotonicClock};
 pub use decision::{Decision, Reason};
 pub use error::Error;

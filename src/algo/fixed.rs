@@ -9,8 +9,10 @@
 //! | 63..32 | window | low 32 bits of the window index the count belongs to |
 //! | 31..0  | count  | units admitted in that window |
 //!
-//! Window indices wrap at 2^32: a key idle for exactly a multiple of 2^32 windows would see its
-//! old count again (more restrictive, never less; the sweeper removes such keys long before).
+//! Window indices wrap at 2^32. A stored window up to 2^20 windows ahead of `now` means the clock
+//! went back, and its count is kept; so a key idle for between 2^32 - 2^20 and 2^32 windows (or a
+//! multiple of 2^32) would see its old count again: more restrictive, never less, and the sweeper
+//! removes such keys long before. A clock that steps back more than 2^20 windows sees fresh keys.
 
 use super::{Step, window_of};
 use crate::quota::Rule;
@@ -19,6 +21,10 @@ use crate::quota::Rule;
 const WINDOW_SHIFT: u32 = 32;
 /// Mask of the count field.
 const COUNT_MASK: u64 = (1 << WINDOW_SHIFT) - 1;
+/// A stored window at most this many windows ahead of `now` means the clock went back (the
+/// count is kept, strictly); further ahead, the id is an old one that wrapped and the state is
+/// stale. A key idle for between 2^32 - 2^20 and 2^32 windows would be misjudged as ahead.
+const MAX_AHEAD: u32 = 1 << 20;
 /// The largest limit a fixed window can count.
 pub(crate) const MAX_LIMIT: u64 = COUNT_MASK;
 
@@ -41,14 +47,15 @@ fn effective(state: u64, now: u64, rule: &Rule) -> (u32, u64, u64) {
     let (w, e) = window_of(now, rule.phase, rule.period);
     let w = w as u32;
     let (sw, count) = decode(state);
-    let ahead = sw.wrapping_sub(w) as i32;
-    if ahead > 0 {
-        // The clock went back into an earlier window: keep counting in the stored one.
-        let lead = u64::from(ahead as u32).saturating_mul(rule.period);
-        (sw, count, (rule.period - e).saturating_add(lead))
-    } else if ahead == 0 {
+    let ahead = sw.wrapping_sub(w);
+    if ahead == 0 {
         (w, count, rule.period - e)
+    } else if ahead <= MAX_AHEAD {
+        // The clock went back into an earlier window: keep counting in the stored one.
+        let lead = u64::from(ahead).saturating_mul(rule.period);
+        (sw, count, (rule.period - e).saturating_add(lead))
     } else {
+        // A later window (or one so far ahead it can only be an old id that wrapped): fresh.
         (w, 0, rule.period - e)
     }
 }

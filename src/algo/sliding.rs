@@ -11,8 +11,11 @@
 //! | 43..22 | prev   | units admitted in the window before it |
 //! | 21..0  | cur    | units admitted in that window |
 //!
-//! The largest limit is 2^22 - 1 = 4,194,303 per window. Window ids wrap at 2^20: a key idle for
-//! exactly a multiple of 2^20 windows could see an old count again (only ever more restrictive).
+//! The largest limit is 2^22 - 1 = 4,194,303 per window. Window ids wrap at 2^20. A stored window
+//! up to 2^12 windows ahead of `now` means the clock went back, and the counts are kept; so a key
+//! idle for between 2^20 - 2^12 and 2^20 windows (or a multiple of 2^20) could see an old count
+//! again: only ever more restrictive, and the sweeper removes such keys long before. A clock that
+//! steps back more than 2^12 windows sees fresh keys.
 
 use super::{Step, window_of};
 use crate::quota::Rule;
@@ -27,8 +30,9 @@ const PREV_SHIFT: u32 = COUNT_BITS;
 const WINDOW_SHIFT: u32 = 2 * COUNT_BITS;
 /// Mask of the window field (after shifting).
 const WINDOW_MASK: u64 = (1 << (64 - WINDOW_SHIFT)) - 1;
-/// Half the window id space: distances at or above it mean "stored window is ahead of now".
-const WINDOW_HALF: u64 = 1 << (63 - WINDOW_SHIFT);
+/// A stored window at most this many windows ahead of `now` means the clock went back (the
+/// counts are kept); further ahead, the id is an old one that wrapped and the state is stale.
+const MAX_AHEAD: u64 = 1 << 12;
 /// The largest limit a sliding window counter can count.
 pub(crate) const MAX_LIMIT: u64 = COUNT_MASK;
 
@@ -81,7 +85,7 @@ fn view(state: u64, now: u64, rule: &Rule) -> View {
             elapsed: e,
             lead: 0,
         },
-        d if d < WINDOW_HALF => View {
+        d if WINDOW_MASK + 1 - d > MAX_AHEAD => View {
             window: w,
             prev: 0,
             cur: 0,

@@ -4,72 +4,21 @@
 //! Built with `cargo run --release --features cli -- <command>`; `turnstile --help` lists the
 //! commands. Argument parsing and the SVG chart are written by hand (no dependencies).
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fmt::Write as _;
 use std::io::{self, Write as _};
 use std::process::ExitCode;
-// The library routes its atomics through `src/sync.rs` (for loom); this binary is not part of the
-// engine, and a global allocator needs a plain `static` atomic.
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use turnstile::{Algorithm, Clock, Error, FakeClock, Limiter, Quota};
+use turnstile::{Algorithm, Clock, CountingAllocator, Error, FakeClock, Limiter, Quota};
 
-// ---------------------------------------------------------------------------------------------
-// Counting allocator: live heap bytes, for the demo's "bytes per key" column.
-// ---------------------------------------------------------------------------------------------
-
-/// Bytes currently allocated through the global allocator.
-static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-/// The system allocator, counting live bytes.
-struct Counting;
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged; the counter is
-// bookkeeping only and never affects what is returned.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded contract of `GlobalAlloc::alloc`.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded contract of `GlobalAlloc::alloc_zeroed`.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded contract of `GlobalAlloc::dealloc`.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: forwarded contract of `GlobalAlloc::realloc`.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
-            LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-}
-
+/// Live heap bytes, for the demo's "bytes per key" column.
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 fn live_bytes() -> usize {
-    LIVE_BYTES.load(Ordering::Relaxed)
+    CountingAllocator::live_bytes()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -123,7 +123,10 @@ impl Cell {
             Cell::Log(log) => {
                 // Contention: one short critical section per call on this key.
                 let mut log = lock(log);
-                log.expire(now, rule.period);
+                if mode != Mode::Peek {
+                    // A peek writes nothing, not even expiry (the clock may later step back).
+                    log.expire(now, rule.period);
+                }
                 let step = algo::log::decide(&log, now, cost, rule, headroom);
                 let token = match (step.next, mode) {
                     (Some(()), Mode::Check | Mode::Reserve(_)) => Some(log.push(now, cost)),

@@ -1,0 +1,80 @@
+//! A counting global allocator, for measuring bytes per key (the `turnstile` program, tests).
+//!
+//! Not used by the engine: install it yourself with `#[global_allocator]`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+
+use crate::sync::{Ordering, StaticAtomicUsize};
+
+/// Bytes currently allocated through a [`CountingAllocator`].
+static LIVE_BYTES: StaticAtomicUsize = StaticAtomicUsize::new(0);
+/// Allocation calls made through a [`CountingAllocator`].
+static ALLOCATIONS: StaticAtomicUsize = StaticAtomicUsize::new(0);
+
+/// The system allocator, counting live bytes and allocation calls.
+///
+/// ```
+/// use turnstile::CountingAllocator;
+/// #[global_allocator]
+/// static ALLOC: CountingAllocator = CountingAllocator;
+/// let before = CountingAllocator::live_bytes();
+/// let v = vec![0u8; 4096];
+/// assert!(CountingAllocator::live_bytes() >= before + 4096);
+/// drop(v);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CountingAllocator;
+
+impl CountingAllocator {
+    /// Bytes allocated and not yet freed.
+    pub fn live_bytes() -> usize {
+        // Relaxed: a statistic; every update is one RMW, so none is lost.
+        LIVE_BYTES.load(Ordering::Relaxed)
+    }
+    /// Allocation calls so far (alloc, alloc_zeroed and realloc).
+    pub fn allocations() -> usize {
+        ALLOCATIONS.load(Ordering::Relaxed)
+    }
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged; the counters
+// are bookkeeping only and never affect what is returned.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we forward.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            // Relaxed (all counters): statistics, see `live_bytes`.
+            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded contract of `GlobalAlloc::alloc_zeroed`.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded contract of `GlobalAlloc::dealloc`.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded contract of `GlobalAlloc::realloc`.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
+            LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        p
+    }
+}
