@@ -469,7 +469,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// A penalty: `key` is denied for `duration` from now, whatever its quota says (an existing
     /// longer penalty stays). False when the key is new and the table is full.
     pub fn block(&self, key: &K, duration: Duration) -> bool {
-        let now = self.clock.now();
+        let now = clamp_now(self.clock.now());
         let until = now.saturating_add(nanos(duration));
         let book = self.book.current();
         let Ok(plan) = book.get(PlanId::DEFAULT) else {
@@ -532,7 +532,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     ///
     /// Contention: takes each visited shard's write lock in turn.
     pub fn sweep_once(&self, budget: usize) -> usize {
-        let now = self.clock.now();
+        let now = clamp_now(self.clock.now());
         sweep::sweep_once(&self.store, &self.sweep_cursor, now, budget, |r| {
             self.counters.swept(r)
         })
@@ -592,7 +592,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let plan = book.get(plan)?;
         check_cost(plan, cost)?;
         let mode = plan.mode(mode);
-        let now = self.clock.now();
+        let now = clamp_now(self.clock.now());
         let (mut d, _, retries) = match self.charge(key, plan, now, cost, mode) {
             Some(r) => r,
             None => {
@@ -670,6 +670,16 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
 }
 
+/// The latest time the algorithms accept: 2^63 - 1 ns (292 years). Later readings (a clock
+/// saturated at `u64::MAX`, say) are held there, so no sum of a time and a tolerance can wrap
+/// and turn a denial into an admission.
+const MAX_NOW_NS: u64 = (1 << 63) - 1;
+
+#[inline]
+fn clamp_now(now: u64) -> u64 {
+    now.min(MAX_NOW_NS)
+}
+
 fn check_cost(plan: &Compiled, cost: u64) -> Result<(), Error> {
     if cost == 0 {
         return Err(Error::ZeroCost);
@@ -728,7 +738,7 @@ fn charge_entry(
             tokens.0[i] = a.token;
             if !a.decision.allowed {
                 denied = true;
-                refund(e, parts, cost, &mut tokens);
+                refund(e, parts, cost, &mut tokens, now);
             }
         }
         match &mut merged {
@@ -741,10 +751,10 @@ fn charge_entry(
 }
 
 /// Refunds every charged part of `e` and clears the tokens.
-fn refund(e: &Entry, parts: &[crate::quota::Rule], cost: u64, tokens: &mut Tokens) {
+fn refund(e: &Entry, parts: &[crate::quota::Rule], cost: u64, tokens: &mut Tokens, now: u64) {
     for ((cell, rule), token) in e.cells().iter().zip(parts).zip(tokens.0.iter_mut()) {
         if let Some(t) = token.take() {
-            cell.refund(cost, rule, t);
+            cell.refund(cost, rule, t, now);
         }
     }
 }
@@ -787,7 +797,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         let book = l.book.current();
         let plan = book.get(self.plan)?;
         check_cost(plan, cost)?;
-        let now = l.clock.now();
+        let now = clamp_now(l.clock.now());
         match l.charge(self.key, plan, now, cost, Mode::Check) {
             Some((d, tokens, _)) => {
                 let undo = d.allowed.then(|| Undo {
@@ -808,11 +818,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
     }
 
     fn undo_part(&self, mut undo: Undo) {
+        let now = clamp_now(self.limiter.clock.now());
         self.limiter.store.with(self.key, |e| {
             // Only the entry the charge landed on can be refunded; a migrated one kept the
             // charge in converted form, which errs on the strict side.
             if Arc::ptr_eq(&e.rules, &undo.rules) {
-                refund(e, &undo.rules.parts, undo.cost, &mut undo.tokens);
+                refund(e, &undo.rules.parts, undo.cost, &mut undo.tokens, now);
             }
         });
     }

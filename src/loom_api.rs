@@ -48,8 +48,8 @@ impl ModelCell {
             .allowed
     }
     /// Refunds a charge.
-    pub fn refund(&self, cost: u64, token: u64) {
-        self.cell.refund(cost, &self.rule, token);
+    pub fn refund(&self, cost: u64, token: u64, now: u64) {
+        self.cell.refund(cost, &self.rule, token, now);
     }
     /// True when the cell is fresh at `now`.
     pub fn is_fresh(&self, now: u64) -> bool {

@@ -123,7 +123,7 @@ fn compound_rollback() {
         let first = part1.check(0, 1);
         assert!(first.allowed);
         assert!(!part2.check(0, 1).allowed);
-        part1.refund(1, first.token.unwrap());
+        part1.refund(1, first.token.unwrap(), 0);
         assert!(b.join().unwrap());
         // Exactly one unit (B's) is charged: one more passes, then none.
         assert!(part1.check(0, 1).allowed);

@@ -100,6 +100,11 @@ pub(crate) fn refund(state: u64, cost: u64, token: u64) -> u64 {
 /// Carries a key across a quota change: what it spent in its current window stays spent in the
 /// new rule's current window.
 pub(crate) fn migrate(state: u64, now: u64, old: &Rule, new: &Rule) -> u64 {
+    if old.period == new.period && old.phase == new.phase {
+        // Same windows: keep the state as it is (a stale `now` must not move a newer window's
+        // count back into an older one).
+        return state;
+    }
     let (_, count, _) = effective(state, now, old);
     let (w, _) = window_of(now, new.phase, new.period);
     encode(w as u32, count.min(MAX_LIMIT))

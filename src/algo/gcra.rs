@@ -35,21 +35,29 @@ pub(crate) fn decide(tat: u64, now: u64, cost: u64, rule: &Rule, headroom: u64) 
 /// for the moment it conforms, `max(TAT, now) + n*T - tau`, if that is at most `max_delay_ns`
 /// away; the decision's `delay` says how long to wait.
 #[inline]
-pub(crate) fn reserve(tat: u64, now: u64, cost: u64, rule: &Rule, max_delay_ns: u64) -> Step<u64> {
+pub(crate) fn reserve(
+    tat: u64,
+    now: u64,
+    cost: u64,
+    rule: &Rule,
+    max_delay_ns: u64,
+    headroom: u64,
+) -> Step<u64> {
     let t = rule.emission;
+    let tau = rule.tolerance - headroom * t;
     let base = tat.max(now);
     let new_tat = base.saturating_add(cost * t);
-    let conform = new_tat.saturating_sub(rule.tolerance);
+    let conform = new_tat.saturating_sub(tau);
     let delay = conform.saturating_sub(now);
     if delay <= max_delay_ns {
         let at = now + delay;
-        let remaining = (rule.tolerance - (new_tat - at)) / t;
+        let remaining = (tau - (new_tat - at)) / t;
         Step::allow(new_tat, rule.capacity, remaining, new_tat - now, delay)
     } else {
         let debt = base - now;
         Step::deny(
             rule.capacity,
-            rule.tolerance.saturating_sub(debt) / t,
+            tau.saturating_sub(debt) / t,
             debt,
             delay - max_delay_ns,
         )
@@ -62,11 +70,14 @@ pub(crate) fn is_fresh(tat: u64, now: u64) -> bool {
     tat <= now
 }
 
-/// Takes back a charge of `cost` (a compound limit whose other part denied). Others' charges
-/// made in between stay: GCRA charges add, so removing ours leaves exactly theirs.
+/// Takes back a charge of `cost` that wrote `written` (a compound limit whose other part
+/// denied), at `now`. Only what is left of that charge comes back: the part of it that has
+/// already drained (`written - now` is less than `cost * T`) is gone, and others' charges made
+/// in between stay, so a refund never hands out time that was not ours.
 #[inline]
-pub(crate) fn refund(tat: u64, cost: u64, rule: &Rule) -> u64 {
-    tat.saturating_sub(cost * rule.emission)
+pub(crate) fn refund(tat: u64, cost: u64, rule: &Rule, written: u64, now: u64) -> u64 {
+    let left = (cost * rule.emission).min(written.saturating_sub(now));
+    tat.saturating_sub(left)
 }
 
 /// Carries a key's state across a quota change: the units it has spent stay spent, measured in

@@ -85,7 +85,7 @@ pub(crate) fn decide(log: &Log, now: u64, cost: u64, rule: &Rule, headroom: u64)
     let reset = log
         .entries
         .back()
-        .map_or(0, |&(ts, _)| (ts + p).saturating_sub(now));
+        .map_or(0, |&(ts, _)| ts.saturating_add(p).saturating_sub(now));
     if used + cost <= cap {
         let reset = reset.max(p);
         return Step::allow((), rule.limit, cap - used - cost, reset, 0);
@@ -97,7 +97,7 @@ pub(crate) fn decide(log: &Log, now: u64, cost: u64, rule: &Rule, headroom: u64)
     for &(ts, c) in log.entries.iter().filter(live) {
         freed += c;
         if freed >= need {
-            retry = (ts + p) - now;
+            retry = ts.saturating_add(p).saturating_sub(now);
             break;
         }
     }

@@ -112,7 +112,8 @@ impl Cell {
                 let token = written.map(|s| match rule.kind {
                     Kind::Fixed => algo::fixed::token(s),
                     Kind::Sliding => algo::sliding::token(s),
-                    _ => 0,
+                    // The TAT this charge wrote: a refund takes back only what of it is left.
+                    _ => s,
                 });
                 Applied {
                     decision,
@@ -142,12 +143,12 @@ impl Cell {
     }
 
     /// Takes back a charge this cell admitted (`token` from [`Applied`]).
-    pub(crate) fn refund(&self, cost: u64, rule: &Rule, token: u64) {
+    pub(crate) fn refund(&self, cost: u64, rule: &Rule, token: u64, now: u64) {
         match self {
             Cell::Word(word) => {
                 let _ = update(word, |s| {
                     let next = match rule.kind {
-                        Kind::Gcra => algo::gcra::refund(s, cost, rule),
+                        Kind::Gcra => algo::gcra::refund(s, cost, rule, token, now),
                         Kind::Fixed => algo::fixed::refund(s, cost, token),
                         Kind::Sliding => algo::sliding::refund(s, cost, token),
                         Kind::Log => s,
@@ -227,7 +228,7 @@ fn decide_word(
 ) -> Step<u64> {
     match (rule.kind, mode) {
         (Kind::Gcra, Mode::Reserve(max_delay)) => {
-            algo::gcra::reserve(state, now, cost, rule, max_delay)
+            algo::gcra::reserve(state, now, cost, rule, max_delay, headroom)
         }
         (Kind::Gcra, _) => algo::gcra::decide(state, now, cost, rule, headroom),
         (Kind::Fixed, _) => algo::fixed::decide(state, now, cost, rule, headroom),

@@ -377,3 +377,73 @@ fn composite_and_string_keys() {
     assert!(!l.check(&k).is_allowed());
     assert!(l.check(&("user-1".to_string(), "/api/items")).is_allowed());
 }
+
+/// A clock saturated at `u64::MAX` must not turn the bucket into "allow everything".
+#[test]
+fn time_at_u64_max_still_limits() {
+    for alg in Algorithm::ALL {
+        let clock = FakeClock::new();
+        let l = limiter::<u64>(Quota::per_second(3).algorithm(alg), &clock);
+        clock.advance(Duration::MAX);
+        let admitted = (0..100).filter(|_| l.check(&1).is_allowed()).count();
+        assert_eq!(admitted, 3, "{alg:?}");
+    }
+}
+
+/// A refund after the charge has drained takes back only what is left of it: never time that
+/// belongs to a later charge.
+#[test]
+fn gcra_refund_after_drain_returns_nothing_extra() {
+    use crate::cell::{Cell, Mode};
+    let rule = Quota::per_second(10).burst(2).compile(0).unwrap(); // T = 100 ms
+    let cell = Cell::fresh(rule.kind);
+    let ms = 1_000_000;
+    let ours = cell.apply(0, 1, &rule, 0, Mode::Check); // TAT = 100 ms
+    // 300 ms later our charge has drained; another request charges 2 (TAT = 500 ms).
+    let theirs = cell.apply(300 * ms, 2, &rule, 0, Mode::Check);
+    assert!(ours.decision.is_allowed() && theirs.decision.is_allowed());
+    cell.refund(1, &rule, ours.token.unwrap(), 300 * ms);
+    // Their two units are still charged: nothing passes at 300 ms.
+    assert!(
+        !cell
+            .apply(300 * ms, 1, &rule, 0, Mode::Peek)
+            .decision
+            .is_allowed()
+    );
+    // A refund while ours is still pending takes it back in full.
+    let cell = Cell::fresh(rule.kind);
+    let ours = cell.apply(0, 2, &rule, 0, Mode::Check);
+    cell.refund(2, &rule, ours.token.unwrap(), 0);
+    assert_eq!(
+        cell.apply(0, 2, &rule, 0, Mode::Peek).decision.remaining(),
+        0
+    );
+    assert!(cell.apply(0, 2, &rule, 0, Mode::Peek).decision.is_allowed());
+}
+
+/// The queue strategy honours a plan's priority headroom.
+#[test]
+fn reserve_respects_headroom() {
+    let clock = FakeClock::new();
+    let l: Limiter<(), _> = Limiter::builder()
+        .plan(
+            "free",
+            Plan::new([Quota::per_second(10).burst(4)]).headroom(2),
+        )
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let free = l.plan("free").unwrap();
+    let d: Vec<_> = (0..3)
+        .map(|_| {
+            l.reserve_in(&(), free, 1, Duration::ZERO)
+                .unwrap()
+                .is_allowed()
+        })
+        .collect();
+    assert_eq!(
+        d,
+        [true, true, false],
+        "2 of 4 units are kept for higher tiers"
+    );
+}
