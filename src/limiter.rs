@@ -243,6 +243,7 @@ pub struct Builder<K, C = MonotonicClock> {
     on_full: OnFull,
     shards: usize,
     full_retry: Duration,
+    sweep_grace: Duration,
     clock: C,
     key: PhantomData<fn(K)>,
 }
@@ -289,6 +290,13 @@ impl<K, C: Clock> Builder<K, C> {
         self.full_retry = d;
         self
     }
+    /// Sweeping and eviction remove only state that was already fresh this long ago (default
+    /// 1 s). A check that read its clock before a sweep and runs after it finds a fresh key; the
+    /// grace makes that harmless for any check whose clock reading is at most this stale.
+    pub fn sweep_grace(mut self, grace: Duration) -> Self {
+        self.sweep_grace = grace;
+        self
+    }
     /// The time source (default [`MonotonicClock`]).
     pub fn clock<C2: Clock>(self, clock: C2) -> Builder<K, C2> {
         Builder {
@@ -299,6 +307,7 @@ impl<K, C: Clock> Builder<K, C> {
             on_full: self.on_full,
             shards: self.shards,
             full_retry: self.full_retry,
+            sweep_grace: self.sweep_grace,
             clock,
             key: PhantomData,
         }
@@ -332,6 +341,7 @@ impl<K, C: Clock> Builder<K, C> {
             counters: Counters::new(),
             sweep_cursor: AtomicUsize::new(0),
             full_retry_ns: nanos(self.full_retry),
+            sweep_grace_ns: nanos(self.sweep_grace),
         })
     }
 }
@@ -370,6 +380,8 @@ pub struct Limiter<K, C = MonotonicClock> {
     counters: Counters,
     sweep_cursor: AtomicUsize,
     full_retry_ns: u64,
+    /// Sweeping and eviction judge freshness this long in the past (see `Builder::sweep_grace`).
+    sweep_grace_ns: u64,
 }
 
 impl<K> Limiter<K, MonotonicClock> {
@@ -385,6 +397,7 @@ impl<K> Limiter<K, MonotonicClock> {
             on_full: OnFull::Deny,
             shards: cores * 4,
             full_retry: Duration::from_secs(1),
+            sweep_grace: Duration::from_secs(1),
             clock: MonotonicClock::new(),
             key: PhantomData,
         }
@@ -532,7 +545,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     ///
     /// Contention: takes each visited shard's write lock in turn.
     pub fn sweep_once(&self, budget: usize) -> usize {
-        let now = clamp_now(self.clock.now());
+        // Judge freshness `sweep_grace` in the past: a check holding an older clock reading
+        // would otherwise find a fresh key where the removed state still counted.
+        let now = clamp_now(self.clock.now()).saturating_sub(self.sweep_grace_ns);
         sweep::sweep_once(&self.store, &self.sweep_cursor, now, budget, |r| {
             self.counters.swept(r)
         })
@@ -578,7 +593,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
 
     fn evictable(&self, e: &Entry, now: u64) -> bool {
-        let fresh = e.is_fresh(now);
+        let fresh = e.is_fresh(now.saturating_sub(self.sweep_grace_ns));
         if fresh {
             self.counters.evicted();
         }

@@ -2,9 +2,10 @@
 //!
 //! A sweep removes only entries that are indistinguishable from a key never seen (no penalty,
 //! every cell fresh at the sweep's `now`), under the shard's exclusive lock, so no check can
-//! charge an entry between the freshness test and the removal. A check that read its clock
-//! before the sweep's `now` and runs after the removal finds a fresh key, which is exactly what
-//! the removed state was worth at the sweep's `now`: sweeping never hands out extra permits.
+//! charge an entry between the freshness test and the removal. The limiter passes a `now` that
+//! is `sweep_grace` (default 1 s) in the past: a check that read its clock before the sweep and
+//! runs after the removal finds a fresh key, and the state removed was already fresh at any
+//! clock reading at most that stale, so sweeping never hands out extra permits to such a check.
 
 use std::sync::Weak;
 use std::sync::mpsc::{self, RecvTimeoutError};

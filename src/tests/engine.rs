@@ -73,7 +73,9 @@ fn full_table_denies_new_keys_and_never_tracks_them() {
     // Known keys keep their exact limit.
     assert!(!l.check(&3).is_allowed());
     assert_eq!(l.stats().table_full, 1);
-    // Once keys are back to fresh and swept, new keys get in.
+    // Keys fresh only now are kept for the sweep grace (1 s), then swept; new keys get in.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(l.sweep_now(), 0);
     clock.advance(Duration::from_secs(1));
     assert_eq!(l.sweep_now(), 10);
     assert!(l.check(&99).is_allowed());
@@ -99,6 +101,9 @@ fn evict_fresh_policy_only_evicts_fresh_state() {
         assert!(!l.check(&k).is_allowed(), "key {k} kept its spent state");
     }
     clock.advance(Duration::from_secs(60));
+    // Fresh, but not yet for the sweep grace: still no eviction.
+    assert_eq!(l.check(&100).reason(), Reason::TableFull);
+    clock.advance(Duration::from_secs(1));
     // Everything is fresh now; new keys evict fresh ones (same shard) and are admitted.
     assert!(l.check(&100).is_allowed());
     assert_eq!(l.len(), 4);
@@ -112,11 +117,14 @@ fn sweeper_removes_only_fresh_state() {
     let _ = l.check(&1);
     let _ = l.check(&2);
     let _ = l.check(&2);
-    // Key 1 is back to full after 1 s, key 2 only after 2 s.
+    // Key 1 is back to full after 1 s, key 2 only after 2 s; sweeps judge 1 s in the past.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(l.sweep_now(), 0);
     clock.advance(Duration::from_secs(1));
     assert_eq!(l.sweep_now(), 1);
     assert_eq!(l.len(), 1);
-    // Key 2's state survived: it has exactly one unit.
+    // Key 2's state survived (it was not yet fresh 1 s ago); it is full now: exactly two units.
+    assert!(l.check(&2).is_allowed());
     assert!(l.check(&2).is_allowed());
     assert!(!l.check(&2).is_allowed());
     // A blocked key is never swept while its penalty lasts.
@@ -134,7 +142,7 @@ fn background_sweeper_runs_and_stops_on_drop() {
     for k in 0..100 {
         let _ = l.check(&k);
     }
-    clock.advance(Duration::from_secs(1));
+    clock.advance(Duration::from_secs(2)); // fresh for longer than the 1 s sweep grace
     let sweeper = l.start_sweeper(Duration::from_millis(5));
     let start = std::time::Instant::now();
     while !l.is_empty() && start.elapsed() < Duration::from_secs(10) {
