@@ -737,28 +737,37 @@ fn charge_entry(
         return (a.decision, tokens, a.retries);
     }
     let mut tokens = Tokens::default();
-    let mut merged: Option<Decision> = None;
+    let mut decisions: [Option<Decision>; MAX_PARTS] = [None; MAX_PARTS];
     let mut retries = 0;
-    let mut denied = false;
+    let mut denied_at = None;
     for (i, (cell, rule)) in cells.iter().zip(parts.iter()).enumerate() {
-        let a = cell.apply(
-            now,
-            cost,
-            rule,
-            plan.headroom,
-            if denied { Mode::Peek } else { mode },
-        );
+        let m = if denied_at.is_some() {
+            Mode::Peek
+        } else {
+            mode
+        };
+        let a = cell.apply(now, cost, rule, plan.headroom, m);
         retries += a.retries;
-        if !denied {
+        if denied_at.is_none() {
             tokens.0[i] = a.token;
             if !a.decision.allowed {
-                denied = true;
+                denied_at = Some(i);
                 refund(e, parts, cost, &mut tokens, now);
             }
         }
+        decisions[i] = Some(a.decision);
+    }
+    // Parts charged and then refunded report what they hold without this request.
+    if let Some(at) = denied_at {
+        for d in decisions[..at].iter_mut().flatten() {
+            d.remaining = (d.remaining + cost).min(d.limit);
+        }
+    }
+    let mut merged: Option<Decision> = None;
+    for d in decisions.iter().flatten() {
         match &mut merged {
-            Some(m) => m.merge(&a.decision),
-            None => merged = Some(a.decision),
+            Some(m) => m.merge(d),
+            None => merged = Some(*d),
         }
     }
     let d = merged.unwrap_or_else(|| Decision::denied(Reason::Limited, 0));

@@ -455,3 +455,30 @@ fn reserve_respects_headroom() {
         "2 of 4 units are kept for higher tiers"
     );
 }
+
+/// A denied compound reports what the refunded parts really hold.
+#[test]
+fn denied_compound_reports_remaining_without_the_refunded_charge() {
+    let clock = FakeClock::new();
+    let l: Limiter<u64, _> = Limiter::builder()
+        .quota(Quota::per_second(10).burst(3))
+        .quota(Quota::per_minute(5).algorithm(Algorithm::FixedWindow))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(l.check_n(&1, 3).unwrap().is_allowed()); // A: 0 left, B: 2 left
+    clock.advance(Duration::from_millis(300)); // A back to 3
+    // A admits (and would hold 0), B denies holding 2; A is refunded and holds 3 again.
+    let d = l.check_n(&1, 3).unwrap();
+    assert!(!d.is_allowed());
+    assert_eq!(
+        (d.remaining(), d.limit()),
+        (2, 5),
+        "the refunded part no longer binds"
+    );
+    assert_eq!(
+        l.peek(&1).remaining(),
+        1,
+        "B: 2 left, minus the peeked unit"
+    );
+}
