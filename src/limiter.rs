@@ -341,6 +341,7 @@ impl<K, C: Clock> Builder<K, C> {
             counters: Counters::new(),
             sweep_cursor: AtomicUsize::new(0),
             full_retry_ns: nanos(self.full_retry),
+            next_entry_id: crate::sync::AtomicU64::new(1),
             sweep_grace_ns: nanos(self.sweep_grace),
         })
     }
@@ -380,6 +381,8 @@ pub struct Limiter<K, C = MonotonicClock> {
     counters: Counters,
     sweep_cursor: AtomicUsize,
     full_retry_ns: u64,
+    /// The next `Entry::id`.
+    next_entry_id: crate::sync::AtomicU64,
     /// Sweeping and eviction judge freshness this long in the past (see `Builder::sweep_grace`).
     sweep_grace_ns: u64,
 }
@@ -406,7 +409,11 @@ impl<K> Limiter<K, MonotonicClock> {
 
 /// Undo information for a charged key: one refund token per part.
 #[derive(Debug, Clone, Copy, Default)]
-struct Tokens([Option<u64>; MAX_PARTS]);
+struct Tokens {
+    cells: [Option<u64>; MAX_PARTS],
+    /// The charged entry's incarnation (`Entry::id`).
+    entry: u64,
+}
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// Checks one unit for `key` under the default plan.
@@ -491,7 +498,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         self.store
             .with_or_insert(
                 key,
-                || Entry::fresh(&plan.rules),
+                || Entry::fresh(&plan.rules, self.next_entry_id()),
                 |e| self.evictable(e, now),
                 // Relaxed: see `Entry::blocked_until`; fetch_max keeps the later deadline.
                 |e| {
@@ -592,6 +599,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         Decision::denied(Reason::Limited, 0)
     }
 
+    /// A new entry incarnation id (only on insertion, never on the hot path of a known key).
+    fn next_entry_id(&self) -> u64 {
+        // Relaxed: only uniqueness matters, and fetch_add gives it.
+        self.next_entry_id.fetch_add(1, Ordering::Relaxed)
+    }
+
     fn evictable(&self, e: &Entry, now: u64) -> bool {
         let fresh = e.is_fresh(now.saturating_sub(self.sweep_grace_ns));
         if fresh {
@@ -656,7 +669,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                     Some(r) => r,
                     None => {
                         return Some(charge_entry(
-                            &Entry::fresh(&plan.rules),
+                            &Entry::fresh(&plan.rules, 0),
                             plan,
                             now,
                             cost,
@@ -668,7 +681,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 self.store
                     .with_or_insert(
                         key,
-                        || Entry::fresh(&plan.rules),
+                        || Entry::fresh(&plan.rules, self.next_entry_id()),
                         |e| self.evictable(e, now),
                         run,
                     )
@@ -732,11 +745,17 @@ fn charge_entry(
     let cells = e.cells();
     if let ([cell], [rule]) = (cells, &**parts) {
         let a = cell.apply(now, cost, rule, plan.headroom, mode);
-        let mut tokens = Tokens::default();
-        tokens.0[0] = a.token;
+        let mut tokens = Tokens {
+            entry: e.id,
+            ..Tokens::default()
+        };
+        tokens.cells[0] = a.token;
         return (a.decision, tokens, a.retries);
     }
-    let mut tokens = Tokens::default();
+    let mut tokens = Tokens {
+        entry: e.id,
+        ..Tokens::default()
+    };
     let mut decisions: [Option<Decision>; MAX_PARTS] = [None; MAX_PARTS];
     let mut retries = 0;
     let mut denied_at = None;
@@ -749,7 +768,7 @@ fn charge_entry(
         let a = cell.apply(now, cost, rule, plan.headroom, m);
         retries += a.retries;
         if denied_at.is_none() {
-            tokens.0[i] = a.token;
+            tokens.cells[i] = a.token;
             if !a.decision.allowed {
                 denied_at = Some(i);
                 refund(e, parts, cost, &mut tokens, now);
@@ -776,7 +795,7 @@ fn charge_entry(
 
 /// Refunds every charged part of `e` and clears the tokens.
 fn refund(e: &Entry, parts: &[crate::quota::Rule], cost: u64, tokens: &mut Tokens, now: u64) {
-    for ((cell, rule), token) in e.cells().iter().zip(parts).zip(tokens.0.iter_mut()) {
+    for ((cell, rule), token) in e.cells().iter().zip(parts).zip(tokens.cells.iter_mut()) {
         if let Some(t) = token.take() {
             cell.refund(cost, rule, t, now);
         }
@@ -846,7 +865,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         self.limiter.store.with(self.key, |e| {
             // Only the entry the charge landed on can be refunded; a migrated one kept the
             // charge in converted form, which errs on the strict side.
-            if Arc::ptr_eq(&e.rules, &undo.rules) {
+            if e.id == undo.tokens.entry && Arc::ptr_eq(&e.rules, &undo.rules) {
                 refund(e, &undo.rules.parts, undo.cost, &mut undo.tokens, now);
             }
         });

@@ -37,6 +37,10 @@ pub(crate) struct Entry {
     /// The rules `cells` were built for; when the key is checked under other rules (a plan
     /// change), the entry is migrated first.
     pub(crate) rules: Arc<Rules>,
+    /// Which incarnation of the key this is (unique per limiter; kept across migration): a
+    /// compound refund lands only on the entry it charged, never on one recreated after a reset
+    /// or sweep.
+    pub(crate) id: u64,
     /// A penalty: no request passes before this time (ns). 0 when none.
     pub(crate) blocked_until: AtomicU64,
     pub(crate) cells: Cells,
@@ -50,14 +54,15 @@ pub(crate) enum Cells {
 }
 
 impl Entry {
-    /// A fresh entry for `rules`.
-    pub(crate) fn fresh(rules: &Arc<Rules>) -> Entry {
+    /// A fresh entry for `rules`, incarnation `id`.
+    pub(crate) fn fresh(rules: &Arc<Rules>, id: u64) -> Entry {
         let cells = match &*rules.parts {
             [one] => Cells::One(Cell::fresh(one.kind)),
             parts => Cells::Many(parts.iter().map(|r| Cell::fresh(r.kind)).collect()),
         };
         Entry {
             rules: Arc::clone(rules),
+            id,
             blocked_until: AtomicU64::new(0),
             cells,
         }
@@ -109,6 +114,7 @@ impl Entry {
         };
         Entry {
             rules: Arc::clone(rules),
+            id: self.id,
             blocked_until: AtomicU64::new(self.blocked_until()),
             cells,
         }

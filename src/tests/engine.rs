@@ -482,3 +482,22 @@ fn denied_compound_reports_remaining_without_the_refunded_charge() {
         "B: 2 left, minus the peeked unit"
     );
 }
+
+/// A compound refund lands only on the entry it charged, never on one recreated after a reset.
+#[test]
+fn compound_refund_skips_a_recreated_entry() {
+    use crate::Part;
+    let clock = FakeClock::new();
+    let per_user = limiter::<u64>(Quota::per_second(2), &clock);
+    let bound = per_user.key(&1);
+    let (d, undo) = bound.charge_part(1).unwrap();
+    assert!(d.is_allowed());
+    assert!(per_user.reset(&1)); // e.g. LoginGuard::succeeded between charge and refund
+    assert_eq!(per_user.check(&1).remaining(), 1); // the new incarnation
+    bound.undo_part(undo.unwrap());
+    assert!(per_user.check(&1).is_allowed());
+    assert!(
+        !per_user.check(&1).is_allowed(),
+        "the refund did not land on the new entry"
+    );
+}
