@@ -420,7 +420,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     #[inline]
     pub fn check(&self, key: &K) -> Decision {
         self.decide(key, PlanId::DEFAULT, 1, Mode::Check)
-            .unwrap_or_else(|_| self.never(key))
+            .unwrap_or_else(|_| Decision::denied(Reason::Limited, 0))
     }
 
     /// Checks `cost` units for `key` under the default plan. A cost above what the plan can ever
@@ -438,7 +438,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// What [`check`](Self::check) would answer, charging nothing and inserting nothing.
     pub fn peek(&self, key: &K) -> Decision {
         self.decide(key, PlanId::DEFAULT, 1, Mode::Peek)
-            .unwrap_or_else(|_| self.never(key))
+            .unwrap_or_else(|_| Decision::denied(Reason::Limited, 0))
     }
 
     /// What [`check_in`](Self::check_in) would answer, charging nothing.
@@ -594,9 +594,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         }
     }
 
-    /// The answer for a call that cannot fail but did (no default plan): a denial.
-    fn never(&self, _key: &K) -> Decision {
-        Decision::denied(Reason::Limited, 0)
+    /// The denial of a new key when the table is full.
+    fn table_full(&self, plan: &Compiled) -> Decision {
+        Decision {
+            limit: plan.rules.parts[0].capacity,
+            ..Decision::denied(Reason::TableFull, self.full_retry_ns)
+        }
     }
 
     /// A new entry incarnation id (only on insertion, never on the hot path of a known key).
@@ -621,31 +624,16 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         check_cost(plan, cost)?;
         let mode = plan.mode(mode);
         let now = clamp_now(self.clock.now());
-        let (mut d, _, retries) = match self.charge(key, plan, now, cost, mode) {
-            Some(r) => r,
-            None => {
-                let cap = plan.rules.parts[0].capacity;
-                let d = Decision {
-                    limit: cap,
-                    ..Decision::denied(Reason::TableFull, self.full_retry_ns)
-                };
-                if mode != Mode::Peek {
-                    self.counters.count(Count::TableFull, 0);
-                }
-                return Ok(d);
-            }
+        let (mut d, retries) = match self.charge(key, plan, now, cost, mode) {
+            Some((d, _, retries)) => (d, retries),
+            None => (self.table_full(plan), 0),
         };
         if !d.allowed && d.reason == Reason::Limited && plan.strategy == Strategy::Soft {
             d.allowed = true;
             d.reason = Reason::SoftLimit;
         }
         if mode != Mode::Peek {
-            let what = match d.reason {
-                Reason::SoftLimit => Count::SoftPassed,
-                _ if d.allowed => Count::Allowed,
-                _ => Count::Denied,
-            };
-            self.counters.count(what, retries);
+            self.counters.count(Count::of(&d), retries);
         }
         Ok(d)
     }
@@ -850,13 +838,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
                 });
                 Ok((d, undo))
             }
-            None => {
-                let d = Decision {
-                    limit: plan.rules.parts[0].capacity,
-                    ..Decision::denied(Reason::TableFull, l.full_retry_ns)
-                };
-                Ok((d, None))
-            }
+            None => Ok((l.table_full(plan), None)),
         }
     }
 
@@ -872,12 +854,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
     }
 
     fn record(&self, d: &Decision) {
-        let what = match (d.allowed, d.reason) {
-            (true, _) => Count::Allowed,
-            (false, Reason::TableFull) => Count::TableFull,
-            (false, _) => Count::Denied,
-        };
-        self.limiter.counters.count(what, 0);
+        self.limiter.counters.count(Count::of(d), 0);
     }
 }
 

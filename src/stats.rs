@@ -48,6 +48,18 @@ pub(crate) enum Count {
     TableFull,
 }
 
+impl Count {
+    /// The counter a decision adds to.
+    pub(crate) fn of(d: &crate::Decision) -> Count {
+        match d.reason {
+            crate::Reason::SoftLimit => Count::SoftPassed,
+            crate::Reason::TableFull => Count::TableFull,
+            _ if d.allowed => Count::Allowed,
+            _ => Count::Denied,
+        }
+    }
+}
+
 pub(crate) struct Counters {
     stripes: Box<[CachePadded<Stripe>]>,
     evictions: AtomicU64,

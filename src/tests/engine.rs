@@ -213,7 +213,7 @@ fn compound_across_keys_refunds_on_denial() {
     let per_user = limiter::<u64>(Quota::per_second(3), &clock);
     let global = limiter::<()>(Quota::per_second(4), &clock);
     let mut admitted = [0; 3];
-    for round in 0..4 {
+    for _ in 0..4 {
         for user in 0..3u64 {
             if check_all(&[&per_user.key(&user), &global.key(&())], 1)
                 .unwrap()
@@ -221,7 +221,6 @@ fn compound_across_keys_refunds_on_denial() {
             {
                 admitted[user as usize] += 1;
             }
-            let _ = round;
         }
     }
     assert_eq!(admitted.iter().sum::<i32>(), 4, "global bound holds");
