@@ -34,5 +34,5 @@ pub use limiter::{Bound, Builder, Limiter, MAX_PARTS, Part, Plan, PlanId, Strate
 pub use plan::PlanConfig;
 pub use quota::{Algorithm, Quota};
 pub use stats::Stats;
-pub use store::OnFull;
+pub use store::{OnFull, StoreKind};
 pub use sweep::Sweeper;

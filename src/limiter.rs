@@ -12,7 +12,7 @@ use crate::decision::{Decision, Reason};
 use crate::error::Error;
 use crate::quota::Quota;
 use crate::stats::{Count, Counters, Stats};
-use crate::store::{DashStore, Entry, OnFull, Rules, Store};
+use crate::store::{DashStore, Entry, OnFull, Rules, Store, StoreKind};
 use crate::sweep::{self, Sweep, Sweeper};
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
 
@@ -241,6 +241,7 @@ pub struct Builder<K, C = MonotonicClock> {
     plans: Vec<(String, Plan)>,
     max_keys: usize,
     on_full: OnFull,
+    store: StoreKind,
     shards: usize,
     full_retry: Duration,
     sweep_grace: Duration,
@@ -280,6 +281,11 @@ impl<K, C: Clock> Builder<K, C> {
         self.on_full = on_full;
         self
     }
+    /// Which map holds the keys (default [`StoreKind::Dash`]).
+    pub fn store(mut self, kind: StoreKind) -> Self {
+        self.store = kind;
+        self
+    }
     /// Number of shards of the map (default: 4 per core, a power of two).
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = shards;
@@ -305,6 +311,7 @@ impl<K, C: Clock> Builder<K, C> {
             plans: self.plans,
             max_keys: self.max_keys,
             on_full: self.on_full,
+            store: self.store,
             shards: self.shards,
             full_retry: self.full_retry,
             sweep_grace: self.sweep_grace,
@@ -334,7 +341,9 @@ impl<K, C: Clock> Builder<K, C> {
         }
         let book = Book::compile(&plans, self.clock.unix_epoch_ns(), None)?;
         Ok(Limiter {
-            store: DashStore::new(self.shards, self.max_keys, self.on_full),
+            store: match self.store {
+                StoreKind::Dash => DashStore::new(self.shards, self.max_keys, self.on_full),
+            },
             book: Books::new(book),
             plans: crate::sync::Mutex::new(plans),
             clock: self.clock,
@@ -398,6 +407,7 @@ impl<K> Limiter<K, MonotonicClock> {
             plans: Vec::new(),
             max_keys: 1_000_000,
             on_full: OnFull::Deny,
+            store: StoreKind::Dash,
             shards: cores * 4,
             full_retry: Duration::from_secs(1),
             sweep_grace: Duration::from_secs(1),
@@ -433,6 +443,33 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// account), with that plan's strategy.
     pub fn check_in(&self, key: &K, plan: PlanId, cost: u64) -> Result<Decision, Error> {
         self.decide(key, plan, cost, Mode::Check)
+    }
+
+    /// Checks one unit for each of `keys` under the default plan, writing the decision for
+    /// `keys[i]` to `out[i]`; returns how many were checked (the shorter of the two lengths).
+    ///
+    /// The same decisions as calling [`check`](Self::check) in order; for callers holding many
+    /// requests at once (a batch from a socket, a queue), whose table lookups can overlap.
+    ///
+    /// ```
+    /// use turnstile::{Decision, FakeClock, Limiter, Quota};
+    /// let limiter = Limiter::<u64, _>::builder()
+    ///     .quota(Quota::per_second(1))
+    ///     .clock(FakeClock::new())
+    ///     .build()?;
+    /// let keys = [1, 2, 1];
+    /// let mut out = [limiter.peek(&0); 3];
+    /// assert_eq!(limiter.check_many(&keys, &mut out), 3);
+    /// let allowed: Vec<bool> = out.iter().map(Decision::is_allowed).collect();
+    /// assert_eq!(allowed, [true, true, false]);
+    /// # Ok::<(), turnstile::Error>(())
+    /// ```
+    pub fn check_many(&self, keys: &[K], out: &mut [Decision]) -> usize {
+        let n = keys.len().min(out.len());
+        for (key, d) in keys[..n].iter().zip(&mut out[..n]) {
+            *d = self.check(key);
+        }
+        n
     }
 
     /// What [`check`](Self::check) would answer, charging nothing and inserting nothing.

@@ -13,6 +13,30 @@ use crate::sync::{AtomicU64, Ordering};
 
 pub(crate) use dash::DashStore;
 
+/// Which concurrent map holds a limiter's keys (see [`Builder::store`](crate::Builder::store)).
+///
+/// Every store gives the same decisions; they differ in speed, memory and locking. The benchmark
+/// harness runs every kind in [`StoreKind::ALL`] side by side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StoreKind {
+    /// `DashMap` (sharded `RwLock<HashMap>`) with ahash: a check takes its shard's read lock.
+    #[default]
+    Dash,
+}
+
+impl StoreKind {
+    /// Every store, for benchmarks that compare them in one run.
+    pub const ALL: [StoreKind; 1] = [StoreKind::Dash];
+
+    /// A short name for tables and benchmark ids.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreKind::Dash => "dash",
+        }
+    }
+}
+
 /// What to do with a new key when the table holds `max_keys` keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
