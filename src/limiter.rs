@@ -12,7 +12,8 @@ use crate::decision::{Decision, Reason};
 use crate::error::Error;
 use crate::quota::Quota;
 use crate::stats::{Count, Counters, Stats};
-use crate::store::{DashStore, Entry, OnFull, Rules, Store, StoreKind};
+use crate::store::flat::Found;
+use crate::store::{DashStore, Entry, FlatStore, OnFull, Rules, Store, StoreKind};
 use crate::sweep::{self, Sweep, Sweeper};
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
 
@@ -183,11 +184,18 @@ impl Book {
         })
     }
 
+    #[inline]
     fn get(&self, id: PlanId) -> Result<&Compiled, Error> {
-        self.plans
-            .get(id.0 as usize)
-            .ok_or_else(|| Error::UnknownPlan(format!("#{}", id.0)))
+        match self.plans.get(id.0 as usize) {
+            Some(plan) => Ok(plan),
+            None => Err(unknown_plan(id)),
+        }
     }
+}
+
+#[cold]
+fn unknown_plan(id: PlanId) -> Error {
+    Error::UnknownPlan(format!("#{}", id.0))
 }
 
 /// The current book behind one plain load.
@@ -281,7 +289,7 @@ impl<K, C: Clock> Builder<K, C> {
         self.on_full = on_full;
         self
     }
-    /// Which map holds the keys (default [`StoreKind::Dash`]).
+    /// Which map holds the keys (default [`StoreKind::Flat`]).
     pub fn store(mut self, kind: StoreKind) -> Self {
         self.store = kind;
         self
@@ -341,9 +349,13 @@ impl<K, C: Clock> Builder<K, C> {
         }
         let book = Book::compile(&plans, self.clock.unix_epoch_ns(), None)?;
         Ok(Limiter {
-            store: match self.store {
-                StoreKind::Dash => DashStore::new(self.shards, self.max_keys, self.on_full),
-            },
+            store: Map::new(
+                self.store,
+                self.shards,
+                self.max_keys,
+                self.on_full,
+                &book.plans[0].rules,
+            ),
             book: Books::new(book),
             plans: crate::sync::Mutex::new(plans),
             clock: self.clock,
@@ -382,7 +394,7 @@ impl<K, C: Clock> Builder<K, C> {
 /// assert_eq!(denied.retry_after().as_millis(), 1000);
 /// ```
 pub struct Limiter<K, C = MonotonicClock> {
-    store: DashStore<K>,
+    store: Map<K>,
     book: Books,
     /// The plans as configured, for rebuilding the book on a change.
     plans: crate::sync::Mutex<Vec<(String, Plan)>>,
@@ -396,6 +408,40 @@ pub struct Limiter<K, C = MonotonicClock> {
     sweep_grace_ns: u64,
 }
 
+/// The store a limiter was built with (see [`StoreKind`]).
+enum Map<K> {
+    Dash(DashStore<K>),
+    Flat(FlatStore<K>),
+}
+
+/// Runs `$body` with `$s` bound to whichever store `$map` holds.
+macro_rules! on_store {
+    ($map:expr, $s:ident => $body:expr) => {
+        match $map {
+            Map::Dash($s) => $body,
+            Map::Flat($s) => $body,
+        }
+    };
+}
+
+impl<K: Hash + Eq + Clone> Map<K> {
+    fn new(
+        kind: StoreKind,
+        shards: usize,
+        max_keys: usize,
+        on_full: OnFull,
+        default: &Arc<Rules>,
+    ) -> Self {
+        let inline = matches!(&*default.parts, [rule] if rule.kind != crate::quota::Kind::Log);
+        if kind == StoreKind::Flat && inline {
+            if let Some(s) = FlatStore::new(shards, max_keys, on_full, Arc::clone(default)) {
+                return Map::Flat(s);
+            }
+        }
+        Map::Dash(DashStore::new(shards, max_keys, on_full))
+    }
+}
+
 impl<K> Limiter<K, MonotonicClock> {
     /// A builder with no quota, the monotonic clock, 1,000,000 keys at most, new keys denied when
     /// full.
@@ -407,7 +453,7 @@ impl<K> Limiter<K, MonotonicClock> {
             plans: Vec::new(),
             max_keys: 1_000_000,
             on_full: OnFull::Deny,
-            store: StoreKind::Dash,
+            store: StoreKind::default(),
             shards: cores * 4,
             full_retry: Duration::from_secs(1),
             sweep_grace: Duration::from_secs(1),
@@ -464,10 +510,33 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// assert_eq!(allowed, [true, true, false]);
     /// # Ok::<(), turnstile::Error>(())
     /// ```
+    ///
+    /// With the flat store, a batch hashes a chunk of keys and asks the CPU to fetch each one's
+    /// slot before checking the first, so the cache misses of a large table overlap instead of
+    /// following one another. Each chunk is checked at one clock reading.
     pub fn check_many(&self, keys: &[K], out: &mut [Decision]) -> usize {
+        /// Keys whose slots are in flight at once: enough to cover a DRAM miss with the work of
+        /// the checks before it, few enough for the CPU's line fill buffers.
+        const CHUNK: usize = 16;
         let n = keys.len().min(out.len());
-        for (key, d) in keys[..n].iter().zip(&mut out[..n]) {
-            *d = self.check(key);
+        let Map::Flat(s) = &self.store else {
+            for (key, d) in keys[..n].iter().zip(&mut out[..n]) {
+                *d = self.check(key);
+            }
+            return n;
+        };
+        let mut hashes = [0u64; CHUNK];
+        for (keys, out) in keys[..n].chunks(CHUNK).zip(out[..n].chunks_mut(CHUNK)) {
+            for (h, key) in hashes.iter_mut().zip(keys) {
+                *h = s.hash(key);
+                s.prefetch(*h);
+            }
+            let now = clamp_now(self.clock.now());
+            for ((key, d), h) in keys.iter().zip(out).zip(hashes) {
+                *d = self
+                    .decide_at(key, Some(h), PlanId::DEFAULT, 1, Mode::Check, now)
+                    .unwrap_or_else(|_| Decision::denied(Reason::Limited, 0));
+            }
         }
         n
     }
@@ -520,7 +589,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     ///
     /// Contention: takes the key's shard write lock.
     pub fn reset(&self, key: &K) -> bool {
-        self.store.remove(key)
+        on_store!(&self.store, s => s.remove(key))
     }
 
     /// A penalty: `key` is denied for `duration` from now, whatever its quota says (an existing
@@ -532,7 +601,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let Ok(plan) = book.get(PlanId::DEFAULT) else {
             return false;
         };
-        self.store
+        on_store!(&self.store, s => s
             .with_or_insert(
                 key,
                 || Entry::fresh(&plan.rules, self.next_entry_id()),
@@ -543,7 +612,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                         .fetch_max(until, crate::sync::Ordering::Relaxed)
                 },
             )
-            .is_ok()
+            .is_ok())
     }
 
     /// Adds or replaces the plan called `name` on the live limiter; see the type's docs for what
@@ -564,9 +633,28 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         Ok(id)
     }
 
+    /// Which store this limiter runs on: the one asked for, or [`StoreKind::Dash`] where the
+    /// flat store cannot serve the configuration (see [`StoreKind::Flat`]).
+    pub fn store_kind(&self) -> StoreKind {
+        match self.store {
+            Map::Dash(_) => StoreKind::Dash,
+            Map::Flat(_) => StoreKind::Flat,
+        }
+    }
+
+    /// Bytes the store holds outside the global allocator: the flat store's slot table (mapped
+    /// from the operating system, resident only where keys landed); 0 for the dash store. Add it
+    /// to what a counting allocator reports for the whole footprint.
+    pub fn table_bytes(&self) -> usize {
+        match &self.store {
+            Map::Dash(_) => 0,
+            Map::Flat(s) => s.table_bytes(),
+        }
+    }
+
     /// Keys tracked now.
     pub fn len(&self) -> usize {
-        self.store.len()
+        on_store!(&self.store, s => s.len())
     }
 
     /// True when no key is tracked.
@@ -576,7 +664,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// The counters (cheap: sums a few cache lines).
     pub fn stats(&self) -> Stats {
-        self.counters.snapshot(self.store.len())
+        self.counters.snapshot(self.len())
     }
 
     /// The limiter's clock.
@@ -592,10 +680,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         // Judge freshness `sweep_grace` in the past: a check holding an older clock reading
         // would otherwise find a fresh key where the removed state still counted.
         let now = clamp_now(self.clock.now()).saturating_sub(self.sweep_grace_ns);
-        sweep::sweep_once(&self.store, &self.sweep_cursor, now, budget, |r| {
+        on_store!(&self.store, s => sweep::sweep_once(s, &self.sweep_cursor, now, budget, |r| {
             self.counters.swept(r)
         })
-        .1
+        .1)
     }
 
     /// Sweeps every shard once; returns the number of keys removed.
@@ -610,7 +698,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// Heap bytes held by per-key state beyond the map's own slots (logs, compound cells).
     pub fn state_heap_bytes(&self) -> usize {
-        self.store.sum_entries(Entry::heap_bytes)
+        on_store!(&self.store, s => s.sum_entries(Entry::heap_bytes))
     }
 
     /// Binds `key` (under the default plan) for [`check_all`].
@@ -656,13 +744,27 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// The whole decision path: plan, cost, strategy, entry, cells, stats.
     #[inline]
     fn decide(&self, key: &K, plan: PlanId, cost: u64, mode: Mode) -> Result<Decision, Error> {
+        let now = clamp_now(self.clock.now());
+        self.decide_at(key, None, plan, cost, mode, now)
+    }
+
+    /// [`decide`](Self::decide) at `now`, with the key's flat-store hash when already known.
+    #[inline]
+    fn decide_at(
+        &self,
+        key: &K,
+        hash: Option<u64>,
+        plan: PlanId,
+        cost: u64,
+        mode: Mode,
+        now: u64,
+    ) -> Result<Decision, Error> {
         let book = self.book.current();
         let plan = book.get(plan)?;
         check_cost(plan, cost)?;
         let mode = plan.mode(mode);
-        let now = clamp_now(self.clock.now());
-        let (mut d, retries) = match self.charge(key, plan, now, cost, mode) {
-            Some((d, _, retries)) => (d, retries),
+        let (mut d, retries) = match self.charge(key, hash, plan, now, cost, mode, None) {
+            Some(r) => r,
             None => (self.table_full(plan), 0),
         };
         if !d.allowed && d.reason == Reason::Limited && plan.strategy == Strategy::Soft {
@@ -675,10 +777,85 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         Ok(d)
     }
 
-    /// Charges (or peeks) `key`'s entry, migrating it first if it was built for other rules.
-    /// `None` when the key is new and the table is full.
+    /// Charges (or peeks) `key`: inline in the flat store when it can, else through its entry.
+    /// Returns the decision and the CAS retries; `None` when the key is new and the table is
+    /// full. Asking for refund `tokens` forces the entry path (cross-key compound limits need an
+    /// entry's tokens).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn charge(
         &self,
+        key: &K,
+        hash: Option<u64>,
+        plan: &Compiled,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+        tokens: Option<&mut Tokens>,
+    ) -> Option<(Decision, u32)> {
+        let charged = match &self.store {
+            Map::Flat(s) => {
+                if tokens.is_none() && Arc::ptr_eq(&plan.rules, s.rules()) {
+                    let hash = hash.unwrap_or_else(|| s.hash(key));
+                    if let Some(r) = self.charge_inline(s, hash, plan, now, cost, mode) {
+                        return r;
+                    }
+                }
+                self.charge_entry(s, key, plan, now, cost, mode)
+            }
+            Map::Dash(s) => self.charge_entry(s, key, plan, now, cost, mode),
+        };
+        let (d, t, retries) = charged?;
+        if let Some(tokens) = tokens {
+            *tokens = t;
+        }
+        Some((d, retries))
+    }
+
+    /// The flat store's fast path: the key's state inline in its slot. `None` when the key is
+    /// spilled (its state is an entry: take the entry path).
+    #[inline]
+    fn charge_inline(
+        &self,
+        s: &FlatStore<K>,
+        hash: u64,
+        plan: &Compiled,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Option<Option<(Decision, u32)>> {
+        let rule = &plan.rules.parts[0];
+        loop {
+            match s.find(hash) {
+                Found::Inline { slot, tag, word } => {
+                    let slot = crate::cell::Inline { slot, tag };
+                    if let Some(a) =
+                        crate::cell::apply_inline(&slot, word, now, cost, rule, plan.headroom, mode)
+                    {
+                        return Some(Some((a.decision, a.retries)));
+                    }
+                    // Removed or spilled under us: look again.
+                }
+                Found::Spilled => return None,
+                Found::Absent if mode == Mode::Peek => {
+                    let d = Entry::fresh(&plan.rules, 0);
+                    let (d, _, retries) = charge_entry(&d, plan, now, cost, mode);
+                    return Some(Some((d, retries)));
+                }
+                Found::Absent => {
+                    if s.insert_inline(hash, |e| self.evictable(e, now)).is_err() {
+                        return Some(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Charges (or peeks) `key`'s entry, migrating it first if it was built for other rules.
+    /// `None` when the key is new and the table is full.
+    fn charge_entry<S: Store<K>>(
+        &self,
+        store: &S,
         key: &K,
         plan: &Compiled,
         now: u64,
@@ -690,7 +867,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         };
         loop {
             let outcome = if mode == Mode::Peek {
-                match self.store.with(key, run) {
+                match store.with(key, run) {
                     Some(r) => r,
                     None => {
                         return Some(charge_entry(
@@ -703,7 +880,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                     }
                 }
             } else {
-                self.store
+                store
                     .with_or_insert(
                         key,
                         || Entry::fresh(&plan.rules, self.next_entry_id()),
@@ -716,7 +893,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 return Some(r);
             }
             // Built for other rules (a plan change or another tier): carry it over and retry.
-            self.store.replace(key, |e| {
+            store.replace(key, |e| {
                 (!Arc::ptr_eq(&e.rules, &plan.rules)).then(|| e.migrate(now, &plan.rules))
             });
         }
@@ -866,8 +1043,17 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         let plan = book.get(self.plan)?;
         check_cost(plan, cost)?;
         let now = clamp_now(l.clock.now());
-        match l.charge(self.key, plan, now, cost, Mode::Check) {
-            Some((d, tokens, _)) => {
+        let mut tokens = Tokens::default();
+        match l.charge(
+            self.key,
+            None,
+            plan,
+            now,
+            cost,
+            Mode::Check,
+            Some(&mut tokens),
+        ) {
+            Some((d, _)) => {
                 let undo = d.allowed.then(|| Undo {
                     rules: Arc::clone(&plan.rules),
                     tokens,
@@ -881,13 +1067,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
 
     fn undo_part(&self, mut undo: Undo) {
         let now = clamp_now(self.limiter.clock.now());
-        self.limiter.store.with(self.key, |e| {
+        on_store!(&self.limiter.store, s => s.with(self.key, |e| {
             // Only the entry the charge landed on can be refunded; a migrated one kept the
             // charge in converted form, which errs on the strict side.
             if e.id == undo.tokens.entry && Arc::ptr_eq(&e.rules, &undo.rules) {
                 refund(e, &undo.rules.parts, undo.cost, &mut undo.tokens, now);
             }
-        });
+        }));
     }
 
     fn record(&self, d: &Decision) {

@@ -11,7 +11,7 @@
 use crate::algo::{self, Step, log::Log};
 use crate::decision::Decision;
 use crate::quota::{Kind, Rule};
-use crate::sync::{AtomicU64, Mutex, Ordering, lock};
+use crate::sync::{AtomicPair, AtomicU64, Mutex, Ordering, lock};
 
 /// What a call wants from a cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,38 +35,131 @@ pub(crate) struct Applied {
     pub(crate) retries: u32,
 }
 
+/// A word the one CAS loop can drive: a cell's `AtomicU64`, or an inline slot of the flat store
+/// (whose word belongs to the key only while the slot still holds the key's tag).
+pub(crate) trait Word {
+    /// The current state; `None` when the word no longer belongs to the key.
+    fn current(&self) -> Option<u64>;
+    /// Replaces `current` by `next`; on failure, what the word holds now (`None`: no longer the
+    /// key's).
+    fn swap(&self, current: u64, next: u64) -> Result<(), Option<u64>>;
+}
+
+impl Word for AtomicU64 {
+    #[inline]
+    fn current(&self) -> Option<u64> {
+        // Acquire: pairs with the AcqRel exchange in `swap` (and the Release stores of reset and
+        // migration), so a thread that reads a state reads the latest one other threads
+        // published; Relaxed would also be correct for the count itself (one word, one
+        // modification order), but Acquire costs nothing on x86 and keeps a denial ordered after
+        // the admissions it counted.
+        Some(self.load(Ordering::Acquire))
+    }
+    #[inline]
+    fn swap(&self, current: u64, next: u64) -> Result<(), Option<u64>> {
+        // AcqRel on success: this charge is ordered with every other charge of the cell (they
+        // all RMW the same word, so whichever exchange comes first, the second sees its value and
+        // decides on it). On failure we get the value that beat us and decide again (Acquire).
+        self.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+            .map(drop)
+            .map_err(Some)
+    }
+}
+
+/// An inline slot of the flat store, as the word of the key whose tag it held when found.
+pub(crate) struct Inline<'a> {
+    pub(crate) slot: &'a AtomicPair,
+    pub(crate) tag: u64,
+}
+
+impl Word for Inline<'_> {
+    #[inline]
+    fn current(&self) -> Option<u64> {
+        // Acquire: as for a cell; the tag and word come from one 16-byte load.
+        let (tag, word) = self.slot.load(Ordering::Acquire);
+        (tag == self.tag).then_some(word)
+    }
+    #[inline]
+    fn swap(&self, current: u64, next: u64) -> Result<(), Option<u64>> {
+        // AcqRel / Acquire: as for a cell. The swap compares the tag too, so it fails once the
+        // slot was removed (swept, reset, evicted, spilled) or taken by another key: a charge
+        // never lands on a slot that is no longer this key's.
+        self.slot
+            .compare_exchange(
+                (self.tag, current),
+                (self.tag, next),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .map_err(|(tag, word)| (tag == self.tag).then_some(word))
+    }
+}
+
 /// Applies `step` to `cell` until it sticks: the only retry loop in the crate.
 ///
 /// `step` may run several times (once per lost race), each time on the freshest value; it must
 /// be a pure function of its argument. When it returns a denial the loop ends after a plain load,
-/// with no write. Returns the decision, the state written (if any) and the number of retries.
+/// with no write. Returns the decision, the state written (if any) and the number of retries;
+/// `None` when the word stopped being the key's (an inline slot removed under us).
 #[inline]
-pub(crate) fn update(
-    cell: &AtomicU64,
+pub(crate) fn update_word(
+    cell: &impl Word,
     mut step: impl FnMut(u64) -> Step<u64>,
-) -> (Decision, Option<u64>, u32) {
-    // Acquire: pairs with the AcqRel exchange below (and the Release stores of reset and
-    // migration), so a thread that reads a state reads the latest one other threads published;
-    // Relaxed would also be correct for the count itself (one word, one modification order), but
-    // Acquire costs nothing on x86 and keeps a denial ordered after the admissions it counted.
-    let mut current = cell.load(Ordering::Acquire);
+) -> Option<(Decision, Option<u64>, u32)> {
+    let mut current = cell.current()?;
     let mut retries = 0;
     loop {
         let Step { decision, next } = step(current);
         let Some(next) = next else {
-            return (decision, None, retries);
+            return Some((decision, None, retries));
         };
-        // AcqRel on success: this charge is ordered with every other charge of the cell (they
-        // all RMW the same word, so whichever exchange comes first, the second sees its value and
-        // decides on it). On failure we get the value that beat us and decide again (Acquire).
-        match cell.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return (decision, Some(next), retries),
+        match cell.swap(current, next) {
+            Ok(()) => return Some((decision, Some(next), retries)),
             Err(actual) => {
-                current = actual;
+                current = actual?;
                 retries += 1;
             }
         }
     }
+}
+
+/// [`update_word`] on a cell's own word, which is always the key's.
+#[inline]
+pub(crate) fn update(
+    cell: &AtomicU64,
+    step: impl FnMut(u64) -> Step<u64>,
+) -> (Decision, Option<u64>, u32) {
+    update_word(cell, step).expect("a cell's word is always its key's")
+}
+
+/// Applies one call to an inline slot: the same decision and state as [`Cell::apply`] on a word
+/// cell holding `word`. `None` when the slot is no longer the key's.
+#[inline]
+pub(crate) fn apply_inline(
+    slot: &Inline<'_>,
+    word: u64,
+    now: u64,
+    cost: u64,
+    rule: &Rule,
+    headroom: u64,
+    mode: Mode,
+) -> Option<Applied> {
+    if mode == Mode::Peek {
+        let step = decide_word(word, now, cost, rule, headroom, Mode::Check);
+        return Some(Applied {
+            decision: step.decision,
+            token: None,
+            retries: 0,
+        });
+    }
+    let (decision, _, retries) =
+        update_word(slot, |s| decide_word(s, now, cost, rule, headroom, mode))?;
+    // No refund token: inline keys are never part of a cross-key compound limit (those spill).
+    Some(Applied {
+        decision,
+        token: None,
+        retries,
+    })
 }
 
 /// One part of a key's state: a packed word, or a log.

@@ -4,6 +4,7 @@
 //! and the cells. It enforces the `max_keys` cap itself, so no caller can insert past it.
 
 pub(crate) mod dash;
+pub(crate) mod flat;
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use crate::quota::Rule;
 use crate::sync::{AtomicU64, Ordering};
 
 pub(crate) use dash::DashStore;
+pub(crate) use flat::FlatStore;
 
 /// Which concurrent map holds a limiter's keys (see [`Builder::store`](crate::Builder::store)).
 ///
@@ -21,18 +23,26 @@ pub(crate) use dash::DashStore;
 #[non_exhaustive]
 pub enum StoreKind {
     /// `DashMap` (sharded `RwLock<HashMap>`) with ahash: a check takes its shard's read lock.
-    #[default]
     Dash,
+    /// The lock-free table: the state of a single-quota key inline in a 16-byte slot, checked
+    /// with one compare-and-swap and no lock; keys that need more (penalties, other plans,
+    /// cross-key compound limits) spill to a locked map. Sized for `max_keys` up front (about
+    /// 20 bytes per key, mapped lazily). Used only when the default plan is one quota of a
+    /// word-cell algorithm (not the sliding log) and a table for `max_keys` can be mapped;
+    /// otherwise the limiter falls back to `Dash` (see `Limiter::store_kind`).
+    #[default]
+    Flat,
 }
 
 impl StoreKind {
     /// Every store, for benchmarks that compare them in one run.
-    pub const ALL: [StoreKind; 1] = [StoreKind::Dash];
+    pub const ALL: [StoreKind; 2] = [StoreKind::Flat, StoreKind::Dash];
 
     /// A short name for tables and benchmark ids.
     pub fn name(self) -> &'static str {
         match self {
             StoreKind::Dash => "dash",
+            StoreKind::Flat => "flat",
         }
     }
 }

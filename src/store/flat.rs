@@ -1,0 +1,671 @@
+//! The lock-free store: a sharded open-addressing table of 16-byte `(tag, word)` slots, with the
+//! key's state *inline* in the word, so checking a known key is one hash, one cache line and one
+//! compare-and-swap (a denial: one load), with no lock and no pointer to chase.
+//!
+//! # Slots
+//!
+//! | tag (low 64 bits of the slot) | meaning | word (high 64 bits) |
+//! |---|---|---|
+//! | `0` (`EMPTY`) | never used; a probe stops here | 0 |
+//! | `1` (`TOMB`) | removed; a probe goes on; an insert may reuse it | 0 |
+//! | `fp \| 0b10` (`INLINE`) | a key whose state is this word, under the store's rule | the cell |
+//! | `fp \| 0b11` (`SPILLED`) | a key whose state is an [`Entry`] in its shard's spill map | 0 |
+//!
+//! `fp` is the key's 64-bit hash (ahash, random seed per store) with its two low bits cleared:
+//! keys are not stored in slots, so two keys whose 62 fingerprint bits are equal share one
+//! limit. With `n` keys the chance that any two of them do is about `n^2 / 2^63` (1e-7 at one
+//! million keys), the seed is secret, so nobody can aim for it, and the effect is bounded: the
+//! two keys share a bucket, neither gains a permit.
+//!
+//! A slot is read and swapped as one 16-byte atomic ([`AtomicPair`]), so a swap that expects
+//! `(tag, state)` fails once the slot was removed or reused by another key: there is no ABA,
+//! and no epoch or hazard pointer is needed, because nothing is ever freed while the table lives.
+//!
+//! # What lives where
+//!
+//! The word holds the state of a key checked under one rule: the single word-cell quota of the
+//! limiter's default plan when it was built (`rules`). A key that needs more (a penalty from
+//! `block`, another plan's rules, a cross-key compound limit) is *spilled*: under its shard's
+//! write lock, its slot turns `SPILLED` and its state moves into an [`Entry`] in the shard's
+//! spill map (a `RwLock<HashMap>`), where the limiter's generic entry path serves it. A spilled
+//! key stays spilled until its entry is swept (then the marker goes too, and the key is new).
+//!
+//! # Locking
+//!
+//! - Check, peek, reset or sweep of an inline key: no lock (a load and a compare-and-swap).
+//! - Spilled keys: the shard's read lock to check, its write lock to insert or migrate.
+//! - Claiming a slot for a new key, spilling, and removing markers: the shard's write lock, so
+//!   no two slots ever hold one fingerprint, and a marker never vanishes under a check that is
+//!   inserting its entry.
+//!
+//! # Memory
+//!
+//! The table never grows: it is sized for `max_keys` when built (about 19.7 bytes per key at
+//! the cap: 16-byte slots at most ~82% full, plus slack for uneven shards) and allocated zeroed,
+//! so the operating system maps its pages only as keys land on them. Probes scan whole 64-byte
+//! groups of four slots and never more groups than the farthest any key of the shard was placed
+//! (`reach`), so tombstones left by sweeping cannot make a miss scan the table.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+
+use super::{Cells, Entry, Full, OnFull, Rules, Store};
+use crate::cell::Cell;
+use crate::sync::{self, AtomicPair, AtomicU64, AtomicUsize, Ordering, RwLock};
+
+/// Slots per probe group: 4 x 16 bytes, one 64-byte cache line.
+const GROUP: usize = 4;
+
+/// A never-used slot: probes stop here.
+const EMPTY: u64 = 0;
+/// A removed slot: probes go on; inserts may reuse it.
+const TOMB: u64 = 1;
+/// Low tag bits of a key whose state is the slot's word.
+const INLINE: u64 = 0b10;
+/// Low tag bits of a key whose state is in the spill map.
+const SPILLED: u64 = 0b11;
+/// The low tag bits that say which kind of slot it is.
+const KIND: u64 = 0b11;
+
+/// Live keys per slot at the cap, in percent (the rest is what keeps probes short).
+const LOAD_PERCENT: usize = 82;
+
+#[inline]
+fn tag(hash: u64, kind: u64) -> u64 {
+    (hash & !KIND) | kind
+}
+
+/// One cache line of slots.
+#[repr(align(64))]
+struct Group([AtomicPair; GROUP]);
+
+/// What a probe found for a key.
+pub(crate) enum Found<'a> {
+    /// The key's state is `word`, in `slot`, which held `tag` when read.
+    Inline {
+        slot: &'a AtomicPair,
+        tag: u64,
+        word: u64,
+    },
+    /// The key's state is in the spill map (or nowhere yet: then it is fresh).
+    Spilled,
+    /// No slot holds the key.
+    Absent,
+}
+
+/// A free slot found under the write lock, and how many groups from home it is.
+struct Free<'a> {
+    slot: &'a AtomicPair,
+    seen: (u64, u64),
+    distance: usize,
+}
+
+struct Shard<K> {
+    groups: Groups,
+    /// Groups a lookup scans at most: one more than the farthest from its home group that any
+    /// key of this shard was ever placed. Only raised, under `spill`'s write lock.
+    reach: AtomicUsize,
+    /// Entries of spilled keys. Its write lock also serialises slot claims and marker removal.
+    spill: CachePadded<RwLock<HashMap<K, Entry, ahash::RandomState>>>,
+}
+
+/// The lock-free store (see the module docs).
+pub(crate) struct FlatStore<K> {
+    hasher: ahash::RandomState,
+    shards: Box<[Shard<K>]>,
+    /// `64 - log2(shards)`: a key's shard is its hash's top bits.
+    shard_shift: u32,
+    /// The rules whose single word cell lives inline.
+    rules: Arc<Rules>,
+    /// Slots taken (inline keys and markers); never above `max_keys`.
+    len: CachePadded<AtomicUsize>,
+    max_keys: usize,
+    on_full: OnFull,
+}
+
+impl<K: Hash + Eq + Clone> FlatStore<K> {
+    /// A store for at most `max_keys` keys in `shards` shards (a power of two, at least 2), whose
+    /// inline words run under `rules` (one word-cell part). `None` when a table that large
+    /// cannot be mapped (a `max_keys` meant as "unbounded", say).
+    pub(crate) fn new(
+        shards: usize,
+        max_keys: usize,
+        on_full: OnFull,
+        rules: Arc<Rules>,
+    ) -> Option<Self> {
+        let shards = shards.max(2).next_power_of_two();
+        let per_shard = max_keys.div_ceil(shards);
+        // Slack for a shard that draws more than its share: four standard deviations of a
+        // binomial share (about sqrt(per_shard)), so running out before the cap is negligible.
+        let slack = 4 * (per_shard as f64).sqrt() as usize + 2 * GROUP;
+        let slots = per_shard.checked_mul(100)? / LOAD_PERCENT + slack;
+        // Group indices are computed from 32 hash bits.
+        let groups = u32::try_from(slots.div_ceil(GROUP).max(2)).ok()? as usize;
+        Some(FlatStore {
+            hasher: ahash::RandomState::new(),
+            shards: (0..shards)
+                .map(|_| {
+                    Some(Shard {
+                        groups: Groups::new(groups)?,
+                        reach: AtomicUsize::new(1),
+                        spill: CachePadded::new(RwLock::new(HashMap::with_hasher(
+                            ahash::RandomState::new(),
+                        ))),
+                    })
+                })
+                .collect::<Option<_>>()?,
+            shard_shift: 64 - shards.trailing_zeros(),
+            rules,
+            len: CachePadded::new(AtomicUsize::new(0)),
+            max_keys,
+            on_full,
+        })
+    }
+
+    /// Bytes of the slot table (mapped outside the global allocator; resident as touched).
+    pub(crate) fn table_bytes(&self) -> usize {
+        self.shards.len() * self.shards[0].groups.len * std::mem::size_of::<Group>()
+    }
+
+    /// The rules served inline.
+    #[inline]
+    pub(crate) fn rules(&self) -> &Arc<Rules> {
+        &self.rules
+    }
+
+    #[inline]
+    pub(crate) fn hash(&self, key: &K) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    #[inline]
+    fn shard(&self, hash: u64) -> &Shard<K> {
+        &self.shards[(hash >> self.shard_shift) as usize]
+    }
+
+    /// The group a hash starts probing at: the low 32 bits scaled to the group count.
+    #[inline]
+    fn home(shard: &Shard<K>, hash: u64) -> usize {
+        (((hash & 0xFFFF_FFFF) * shard.groups.len as u64) >> 32) as usize
+    }
+
+    /// Starts loading the cache line `key`'s probe starts at (for batches).
+    #[inline]
+    pub(crate) fn prefetch(&self, hash: u64) {
+        let shard = self.shard(hash);
+        let group = &shard.groups.get()[Self::home(shard, hash)];
+        prefetch_line(group as *const Group as *const u8);
+    }
+
+    /// Finds the slot of the key hashed to `hash`. No lock, no write.
+    #[inline]
+    pub(crate) fn find(&self, hash: u64) -> Found<'_> {
+        let shard = self.shard(hash);
+        let (inline, spilled) = (tag(hash, INLINE), tag(hash, SPILLED));
+        let n = shard.groups.len;
+        let mut g = Self::home(shard, hash);
+        // Relaxed: a stale (smaller) reach can only make a lookup miss a key placed far away
+        // just now; a miss goes to `insert_inline` or the spill path, which look again under
+        // the write lock, where reach is exact.
+        let reach = shard.reach.load(Ordering::Relaxed);
+        for _ in 0..reach {
+            for slot in &shard.groups.get()[g].0 {
+                // Acquire: pairs with the Release of the claim that wrote this tag, so the state
+                // word the claim published (fresh, 0) or any later swap's word is what we see.
+                let (t, word) = slot.load(Ordering::Acquire);
+                if t == inline {
+                    return Found::Inline { slot, tag: t, word };
+                }
+                if t == spilled {
+                    return Found::Spilled;
+                }
+                if t == EMPTY {
+                    return Found::Absent;
+                }
+            }
+            g = if g + 1 == n { 0 } else { g + 1 };
+        }
+        Found::Absent
+    }
+
+    /// Under `shard`'s write lock: the slot holding the key (inline or spilled), or the first
+    /// free slot its probe passes (none when the shard is full).
+    fn probe_locked<'a>(
+        shard: &'a Shard<K>,
+        hash: u64,
+    ) -> Result<(&'a AtomicPair, (u64, u64)), Option<Free<'a>>> {
+        let (inline, spilled) = (tag(hash, INLINE), tag(hash, SPILLED));
+        let n = shard.groups.len;
+        // Relaxed: reach only changes under the write lock, which we hold.
+        let reach = shard.reach.load(Ordering::Relaxed);
+        let mut free = None;
+        let mut g = Self::home(shard, hash);
+        for distance in 0..n {
+            for slot in &shard.groups.get()[g].0 {
+                // Acquire: see `find`.
+                let seen = slot.load(Ordering::Acquire);
+                if seen.0 == inline || seen.0 == spilled {
+                    return Ok((slot, seen));
+                }
+                if (seen.0 == EMPTY || seen.0 == TOMB) && free.is_none() {
+                    free = Some(Free {
+                        slot,
+                        seen,
+                        distance,
+                    });
+                }
+                if seen.0 == EMPTY {
+                    return Err(free);
+                }
+            }
+            // No key lies beyond reach; past it we only look for a free slot.
+            if distance + 1 >= reach && free.is_some() {
+                return Err(free);
+            }
+            g = if g + 1 == n { 0 } else { g + 1 };
+        }
+        Err(free)
+    }
+
+    /// Takes one slot of the cap; false when the table is full.
+    fn reserve(&self) -> bool {
+        // Relaxed: the counter only has to be exact, not ordered with anything; fetch_add is one
+        // RMW, so of racing reservations at most `max_keys` succeed.
+        if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
+            true
+        } else {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            false
+        }
+    }
+
+    fn release(&self, n: usize) {
+        // Relaxed: see `reserve`.
+        self.len.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Claims a slot for a new key (under `shard`'s write lock), honouring the cap and the
+    /// `OnFull` policy. Writes `(tag, 0)`: a fresh key.
+    fn claim(
+        &self,
+        shard: &Shard<K>,
+        hash: u64,
+        kind: u64,
+        free: Option<Free<'_>>,
+        evictable: &mut dyn FnMut(&Entry) -> bool,
+    ) -> Result<(), Full> {
+        let mut reserved = self.reserve();
+        if !reserved && self.on_full == OnFull::EvictFresh && self.evict_one(shard, evictable) {
+            reserved = self.reserve();
+        }
+        if !reserved {
+            return Err(Full);
+        }
+        // An eviction may have opened a slot nearer home than the one found before it.
+        let free = match Self::probe_locked(shard, hash) {
+            Err(Some(f)) => f,
+            Err(None) | Ok(_) => match free {
+                Some(f) => f,
+                None => {
+                    self.release(1);
+                    return Err(Full);
+                }
+            },
+        };
+        // Relaxed: reach is read Relaxed by lock-free lookups (see `find`) and exactly under
+        // this lock; raising it before publishing the tag lets most lookups find the key.
+        shard.reach.fetch_max(free.distance + 1, Ordering::Relaxed);
+        // Release: publishes the fresh state with the tag (pairs with `find`'s Acquire). Only
+        // claims (under this lock) turn a free slot into a live one, and removals never touch
+        // a free slot, so this cannot fail; if it did, the slot is left alone and nothing leaks.
+        if free
+            .slot
+            .compare_exchange(
+                free.seen,
+                (tag(hash, kind), 0),
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            self.release(1);
+            return Err(Full);
+        }
+        Ok(())
+    }
+
+    /// Evicts one inline key of `shard` for which `evictable` holds; true if one went.
+    fn evict_one(&self, shard: &Shard<K>, evictable: &mut dyn FnMut(&Entry) -> bool) -> bool {
+        let view = self.view(0);
+        for group in shard.groups.get().iter() {
+            for slot in &group.0 {
+                // Acquire: see `find`.
+                let (t, word) = slot.load(Ordering::Acquire);
+                if t & KIND != INLINE || t == TOMB {
+                    continue;
+                }
+                view.set_word(word);
+                // AcqRel: the removal is ordered with every charge of the slot: if a charge
+                // lands first, this swap fails (the state is no longer `word`).
+                if evictable(&view)
+                    && slot
+                        .compare_exchange((t, word), (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    self.release(1);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Makes sure an inline slot exists for the key hashed to `hash` (a new key under the
+    /// inline rules). `Err(Full)` at the cap when nothing may be evicted.
+    pub(crate) fn insert_inline(
+        &self,
+        hash: u64,
+        mut evictable: impl FnMut(&Entry) -> bool,
+    ) -> Result<(), Full> {
+        let shard = self.shard(hash);
+        let _claims = sync::write(&shard.spill);
+        match Self::probe_locked(shard, hash) {
+            Ok(_) => Ok(()),
+            Err(free) => self.claim(shard, hash, INLINE, free, &mut evictable),
+        }
+    }
+
+    /// An entry under the inline rules holding `word`: the form a spilled inline key takes, and
+    /// the view given to callbacks that judge entries.
+    fn view(&self, word: u64) -> Entry {
+        Entry {
+            rules: Arc::clone(&self.rules),
+            id: 0,
+            blocked_until: AtomicU64::new(0),
+            cells: Cells::One(Cell::Word(AtomicU64::new(word))),
+        }
+    }
+
+    /// Calls `f` on the key's spilled entry if there is one (under the shard's read lock).
+    fn with_spilled<R>(&self, shard: &Shard<K>, key: &K, f: impl FnOnce(&Entry) -> R) -> Option<R> {
+        sync::read(&shard.spill).get(key).map(f)
+    }
+
+    /// The fingerprints of `map`'s keys, sorted (to tell which markers still have entries).
+    fn fingerprints(&self, map: &HashMap<K, Entry, ahash::RandomState>) -> Vec<u64> {
+        let mut fps: Vec<u64> = map.keys().map(|k| tag(self.hash(k), SPILLED)).collect();
+        fps.sort_unstable();
+        fps
+    }
+}
+
+impl Entry {
+    /// Sets the word of a single-word entry (only on views built by the flat store).
+    fn set_word(&self, word: u64) {
+        if let [Cell::Word(w)] = self.cells() {
+            // Relaxed: a view is private to the thread that built it.
+            w.store(word, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
+    fn with<R>(&self, key: &K, f: impl FnOnce(&Entry) -> R) -> Option<R> {
+        let hash = self.hash(key);
+        match self.find(hash) {
+            Found::Inline { word, .. } => Some(f(&self.view(word))),
+            Found::Spilled => self.with_spilled(self.shard(hash), key, f),
+            Found::Absent => None,
+        }
+    }
+
+    /// The entry path: makes sure the key is spilled (moving an inline key's word into an entry,
+    /// or inserting `make()`), then runs `f` on its entry.
+    fn with_or_insert<R>(
+        &self,
+        key: &K,
+        make: impl FnOnce() -> Entry,
+        mut evictable: impl FnMut(&Entry) -> bool,
+        f: impl FnOnce(&Entry) -> R,
+    ) -> Result<R, Full> {
+        let hash = self.hash(key);
+        let shard = self.shard(hash);
+        if let Found::Spilled = self.find(hash) {
+            // Contention: the shard's read lock (a shared counter write), as in the dash store.
+            let map = sync::read(&shard.spill);
+            if let Some(e) = map.get(key) {
+                return Ok(f(e));
+            }
+        }
+        let mut map = sync::write(&shard.spill);
+        if !map.contains_key(key) {
+            let entry = loop {
+                match Self::probe_locked(shard, hash) {
+                    // A marker with no entry: the key is fresh.
+                    Ok((_, (t, _))) if t & KIND == SPILLED => break make(),
+                    Ok((slot, (t, word))) => {
+                        // AcqRel: ordered with every charge of the inline word: a charge that
+                        // lands first makes this fail and we read the new word; one that comes
+                        // after finds the marker and waits for this lock.
+                        if slot
+                            .compare_exchange(
+                                (t, word),
+                                (tag(hash, SPILLED), 0),
+                                Ordering::AcqRel,
+                                Ordering::Relaxed,
+                            )
+                            .is_ok()
+                        {
+                            let made = make();
+                            let e = self.view(word);
+                            break Entry { id: made.id, ..e };
+                        }
+                    }
+                    Err(free) => {
+                        self.claim(shard, hash, SPILLED, free, &mut evictable)?;
+                        break make();
+                    }
+                }
+            };
+            map.insert(key.clone(), entry);
+        }
+        Ok(f(map
+            .get(key)
+            .expect("inserted or present under the write lock")))
+    }
+
+    fn replace(&self, key: &K, f: impl FnOnce(&Entry) -> Option<Entry>) {
+        let shard = self.shard(self.hash(key));
+        let mut map = sync::write(&shard.spill);
+        if let Some(e) = map.get_mut(key) {
+            if let Some(next) = f(e) {
+                *e = next;
+            }
+        }
+    }
+
+    fn remove(&self, key: &K) -> bool {
+        let hash = self.hash(key);
+        let shard = self.shard(hash);
+        loop {
+            match self.find(hash) {
+                Found::Inline { slot, tag: t, word } => {
+                    // AcqRel: see `evict_one`; a charge landing first makes us retry.
+                    if slot
+                        .compare_exchange((t, word), (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        self.release(1);
+                        return true;
+                    }
+                }
+                Found::Absent => return false,
+                Found::Spilled => {
+                    let mut map = sync::write(&shard.spill);
+                    map.remove(key);
+                    let shared = self.fingerprints(&map).contains(&tag(hash, SPILLED));
+                    return match Self::probe_locked(shard, hash) {
+                        Ok((slot, seen)) if seen.0 & KIND == SPILLED => {
+                            // Another key with this fingerprint keeps the marker.
+                            if !shared
+                                && slot
+                                    .compare_exchange(
+                                        seen,
+                                        (TOMB, 0),
+                                        Ordering::AcqRel,
+                                        Ordering::Relaxed,
+                                    )
+                                    .is_ok()
+                            {
+                                self.release(1);
+                            }
+                            true
+                        }
+                        // Turned inline or went between our lookups: look again.
+                        Ok(_) => continue,
+                        Err(_) => false,
+                    };
+                }
+            }
+        }
+    }
+
+    fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    fn sweep_shard(&self, shard: usize, mut remove: impl FnMut(&Entry) -> bool) -> (usize, usize) {
+        let Some(shard) = self.shards.get(shard) else {
+            return (0, 0);
+        };
+        let (mut visited, mut removed) = (0, 0);
+        // Inline keys, with no lock: each removal is a swap that fails if a charge landed first.
+        let view = self.view(0);
+        let mut markers = false;
+        for group in shard.groups.get().iter() {
+            for slot in &group.0 {
+                // Acquire: see `find`.
+                let (t, word) = slot.load(Ordering::Acquire);
+                if t == EMPTY || t == TOMB {
+                    continue;
+                }
+                if t & KIND == SPILLED {
+                    markers = true;
+                    continue;
+                }
+                visited += 1;
+                view.set_word(word);
+                // AcqRel: see `evict_one`.
+                if remove(&view)
+                    && slot
+                        .compare_exchange((t, word), (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        }
+        if markers {
+            // Spilled keys: their entries, then the markers left with no entry, under the write
+            // lock, so no check can be inserting the entry of a marker we remove.
+            let mut map = sync::write(&shard.spill);
+            visited += map.len();
+            map.retain(|_, e| !remove(e));
+            let fps = self.fingerprints(&map);
+            for group in shard.groups.get().iter() {
+                for slot in &group.0 {
+                    // Acquire: see `find`.
+                    let seen = slot.load(Ordering::Acquire);
+                    if seen.0 & KIND == SPILLED
+                        && seen.0 != TOMB
+                        && fps.binary_search(&seen.0).is_err()
+                        && slot
+                            .compare_exchange(seen, (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
+                            .is_ok()
+                    {
+                        removed += 1;
+                    }
+                }
+            }
+        }
+        self.release(removed);
+        (visited, removed)
+    }
+
+    fn len(&self) -> usize {
+        // Relaxed: a snapshot of a counter.
+        self.len.load(Ordering::Relaxed)
+    }
+
+    fn sum_entries(&self, mut f: impl FnMut(&Entry) -> usize) -> usize {
+        self.shards
+            .iter()
+            .map(|s| sync::read(&s.spill).values().map(&mut f).sum::<usize>())
+            .sum()
+    }
+}
+
+/// A shard's slots: `(EMPTY, 0)` everywhere at first.
+///
+/// Outside loom they live in an anonymous memory map, which the operating system hands out
+/// zeroed and maps page by page as keys first land on them: building a limiter for a million
+/// keys costs one system call, not 20 MB of writes, and an idle table costs address space only.
+/// (The global allocator would do the same for one large `calloc`, but glibc serves repeated
+/// large allocations from its heap and zeroes them by hand.)
+struct Groups {
+    #[cfg(not(turnstile_loom))]
+    map: memmap2::MmapMut,
+    #[cfg(turnstile_loom)]
+    vec: Box<[Group]>,
+    len: usize,
+}
+
+impl Groups {
+    /// `len` groups; `None` when the system will not map that much.
+    fn new(len: usize) -> Option<Self> {
+        #[cfg(not(turnstile_loom))]
+        {
+            let bytes = len.checked_mul(std::mem::size_of::<Group>())?;
+            let map = memmap2::MmapMut::map_anon(bytes).ok()?;
+            Some(Groups { map, len })
+        }
+        #[cfg(turnstile_loom)]
+        {
+            let vec = (0..len)
+                .map(|_| Group(std::array::from_fn(|_| AtomicPair::new(EMPTY, 0))))
+                .collect();
+            Some(Groups { vec, len })
+        }
+    }
+
+    #[inline]
+    fn get(&self) -> &[Group] {
+        #[cfg(not(turnstile_loom))]
+        // SAFETY: the map is `len * size_of::<Group>()` bytes, page-aligned (so 64-aligned),
+        // zero-filled by the operating system, and lives as long as `self`. All-zero bytes are a
+        // valid `Group` (four `AtomicPair`s, each an `UnsafeCell<u128>` holding 0), and the slots
+        // are only ever accessed through atomic operations, never through the map's `&mut`.
+        unsafe {
+            std::slice::from_raw_parts(self.map.as_ptr() as *const Group, self.len)
+        }
+        #[cfg(turnstile_loom)]
+        {
+            &self.vec
+        }
+    }
+}
+
+/// Asks the CPU to start loading the line at `p` (a hint; no effect on correctness).
+#[inline]
+fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint that never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
