@@ -867,18 +867,16 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         };
         loop {
             let outcome = if mode == Mode::Peek {
-                match store.with(key, run) {
-                    Some(r) => r,
-                    None => {
-                        return Some(charge_entry(
-                            &Entry::fresh(&plan.rules, 0),
-                            plan,
-                            now,
-                            cost,
-                            mode,
-                        ));
-                    }
-                }
+                // A peek writes nothing: an entry built for other rules is judged as it would
+                // be after migration, on a private copy.
+                let peeked = store.with(key, |e| {
+                    run(e).unwrap_or_else(|| {
+                        charge_entry(&e.migrate(now, &plan.rules), plan, now, cost, mode)
+                    })
+                });
+                return Some(peeked.unwrap_or_else(|| {
+                    charge_entry(&Entry::fresh(&plan.rules, 0), plan, now, cost, mode)
+                }));
             } else {
                 store
                     .with_or_insert(

@@ -40,8 +40,8 @@
 //!
 //! # Memory
 //!
-//! The table never grows: it is sized for `max_keys` when built (about 19.7 bytes per key at
-//! the cap: 16-byte slots at most ~82% full, plus slack for uneven shards) and allocated zeroed,
+//! The table never grows: it is sized for `max_keys` when built (about 19.5 bytes per key at
+//! the cap: 16-byte slots at most ~83% full, plus slack for uneven shards) and allocated zeroed,
 //! so the operating system maps its pages only as keys land on them. Probes scan whole 64-byte
 //! groups of four slots and never more groups than the farthest any key of the shard was placed
 //! (`reach`), so tombstones left by sweeping cannot make a miss scan the table.
@@ -71,7 +71,7 @@ const SPILLED: u64 = 0b11;
 const KIND: u64 = 0b11;
 
 /// Live keys per slot at the cap, in percent (the rest is what keeps probes short).
-const LOAD_PERCENT: usize = 82;
+const LOAD_PERCENT: usize = 83;
 
 #[inline]
 fn tag(hash: u64, kind: u64) -> u64 {
@@ -138,9 +138,9 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     ) -> Option<Self> {
         let shards = shards.max(2).next_power_of_two();
         let per_shard = max_keys.div_ceil(shards);
-        // Slack for a shard that draws more than its share: four standard deviations of a
+        // Slack for a shard that draws more than its share: two standard deviations of a
         // binomial share (about sqrt(per_shard)), so running out before the cap is negligible.
-        let slack = 4 * (per_shard as f64).sqrt() as usize + 2 * GROUP;
+        let slack = 2 * (per_shard as f64).sqrt() as usize + 2 * GROUP;
         let slots = per_shard.checked_mul(100)? / LOAD_PERCENT + slack;
         // Group indices are computed from 32 hash bits.
         let groups = u32::try_from(slots.div_ceil(GROUP).max(2)).ok()? as usize;

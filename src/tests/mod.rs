@@ -1,3 +1,4 @@
 //! Cross-module tests: real threads, the table cap, sweeping, compound limits, plans, strategies.
 
 mod engine;
+mod flat;

@@ -1,0 +1,316 @@
+//! The flat store against the dash store, and the flat store's own transitions under real
+//! threads: inline keys spilled, swept and reset while others charge them.
+
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use crate::{
+    Algorithm, Decision, FakeClock, Limiter, OnFull, Plan, Quota, Reason, StoreKind, check_all,
+};
+
+fn build(store: StoreKind, q: Quota, clock: &FakeClock, max_keys: usize) -> Limiter<u8, FakeClock> {
+    let l = Limiter::builder()
+        .quota(q)
+        .plan("other", Plan::new([Quota::per_second(3).burst(2)]))
+        .plan(
+            "compound",
+            Plan::new([
+                Quota::per_second(2).burst(3),
+                Quota::per_minute(5).algorithm(Algorithm::FixedWindow),
+            ]),
+        )
+        .store(store)
+        .max_keys(max_keys)
+        .on_full(OnFull::EvictFresh)
+        .sweep_grace(Duration::ZERO)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert_eq!(
+        l.store_kind(),
+        store,
+        "the store asked for is the store built"
+    );
+    l
+}
+
+/// One operation of the differential test.
+#[derive(Debug, Clone)]
+enum Op {
+    Check(u8),
+    CheckN(u8, u64),
+    Peek(u8),
+    Reserve(u8, u64),
+    Other(u8),
+    Compound(u8),
+    All(u8, u8),
+    Block(u8, u64),
+    Reset(u8),
+    Sweep,
+    Reconfigure(u64),
+    Advance(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = 0u8..6;
+    prop_oneof![
+        6 => key.clone().prop_map(Op::Check),
+        2 => (key.clone(), 1u64..4).prop_map(|(k, n)| Op::CheckN(k, n)),
+        1 => key.clone().prop_map(Op::Peek),
+        1 => (key.clone(), 0u64..3_000).prop_map(|(k, ms)| Op::Reserve(k, ms)),
+        2 => key.clone().prop_map(Op::Other),
+        1 => key.clone().prop_map(Op::Compound),
+        1 => (key.clone(), key.clone()).prop_map(|(a, b)| Op::All(a, b)),
+        1 => (key.clone(), 0u64..2_000).prop_map(|(k, ms)| Op::Block(k, ms)),
+        1 => key.prop_map(Op::Reset),
+        1 => Just(Op::Sweep),
+        1 => (1u64..6).prop_map(Op::Reconfigure),
+        3 => (0u64..1_500).prop_map(Op::Advance),
+    ]
+}
+
+/// What one operation answered, comparable across stores.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    Decision(Decision),
+    Error(String),
+    Done(bool),
+    Swept(usize),
+    Nothing,
+}
+
+fn apply(l: &Limiter<u8, FakeClock>, clock: &FakeClock, op: &Op) -> Answer {
+    let plan = |name: &str| l.plan(name).expect("plan exists");
+    let answer = |r: Result<Decision, crate::Error>| match r {
+        Ok(d) => Answer::Decision(d),
+        Err(e) => Answer::Error(e.to_string()),
+    };
+    match *op {
+        Op::Check(k) => Answer::Decision(l.check(&k)),
+        Op::CheckN(k, n) => answer(l.check_n(&k, n)),
+        Op::Peek(k) => Answer::Decision(l.peek(&k)),
+        Op::Reserve(k, ms) => answer(l.reserve(&k, 1, Duration::from_millis(ms))),
+        Op::Other(k) => answer(l.check_in(&k, plan("other"), 1)),
+        Op::Compound(k) => answer(l.check_in(&k, plan("compound"), 1)),
+        Op::All(a, b) => answer(check_all(&[&l.key(&a), &l.key_in(&b, plan("other"))], 1)),
+        Op::Block(k, ms) => Answer::Done(l.block(&k, Duration::from_millis(ms))),
+        Op::Reset(k) => Answer::Done(l.reset(&k)),
+        Op::Sweep => Answer::Swept(l.sweep_now()),
+        Op::Reconfigure(burst) => {
+            let q = Quota::per_second(4).burst(burst);
+            Answer::Done(l.set_plan("default", Plan::new([q])).is_ok())
+        }
+        Op::Advance(ms) => {
+            clock.advance(Duration::from_millis(ms));
+            Answer::Nothing
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Every operation answers the same on both stores, and both track the same number of keys:
+    /// inline keys, spilled ones (penalties, other plans, compound and cross-key limits), plan
+    /// changes, sweeps and resets (six keys, a cap of six).
+    #[test]
+    fn flat_and_dash_stores_agree(
+        alg in prop_oneof![
+            Just(Algorithm::TokenBucket),
+            Just(Algorithm::FixedWindow),
+            Just(Algorithm::SlidingWindowCounter),
+        ],
+        ops in proptest::collection::vec(op(), 1..80),
+    ) {
+        let q = Quota::per_second(4).burst(4).algorithm(alg);
+        let (fc, dc) = (FakeClock::new(), FakeClock::new());
+        let flat = build(StoreKind::Flat, q, &fc, 6);
+        let dash = build(StoreKind::Dash, q, &dc, 6);
+        for (i, op) in ops.iter().enumerate() {
+            let (a, b) = (apply(&flat, &fc, op), apply(&dash, &dc, op));
+            prop_assert_eq!(&a, &b, "op {} {:?}", i, op);
+            prop_assert_eq!(flat.len(), dash.len(), "keys after op {} {:?}", i, op);
+        }
+    }
+
+    /// A batch answers exactly what the same checks one by one answer.
+    #[test]
+    fn check_many_equals_checks_in_order(
+        keys in proptest::collection::vec(0u8..40, 0..100),
+        store in prop_oneof![Just(StoreKind::Flat), Just(StoreKind::Dash)],
+    ) {
+        let (c1, c2) = (FakeClock::new(), FakeClock::new());
+        let q = Quota::per_second(2).burst(3);
+        let (batch, single) = (build(store, q, &c1, 1000), build(store, q, &c2, 1000));
+        let mut out = vec![batch.peek(&0); keys.len() + 3];
+        prop_assert_eq!(batch.check_many(&keys, &mut out), keys.len());
+        for (k, d) in keys.iter().zip(&out) {
+            prop_assert_eq!(*d, single.check(k));
+        }
+        prop_assert_eq!(batch.stats().allowed, single.stats().allowed);
+    }
+}
+
+/// Threads charge one inline key while another keeps spilling it (a zero-length penalty moves
+/// it into the spill map) and a third resets a different key of the same shard: exactly `burst`
+/// admissions, so moving the state out of its slot loses no charge and grants none.
+#[test]
+fn spilling_under_fire_keeps_exact_counts() {
+    const BURST: u64 = 20_000;
+    for attempt in 0..10 {
+        let clock = FakeClock::new();
+        let l: Arc<Limiter<u64, FakeClock>> = Arc::new(
+            Limiter::builder()
+                .quota(Quota::per_second(1000).burst(BURST))
+                .store(StoreKind::Flat)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        let barrier = Arc::new(Barrier::new(3));
+        let checkers: Vec<_> = (0..2)
+            .map(|_| {
+                let (l, b) = (l.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    b.wait();
+                    (0..BURST).filter(|_| l.check(&7).is_allowed()).count() as u64
+                })
+            })
+            .collect();
+        let spiller = {
+            let (l, b) = (l.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                b.wait();
+                // Let the checkers spend part of the bucket inline first, so the spill has state
+                // to carry; the first block spills key 7, and from then on its entry serves it.
+                while l.stats().allowed < BURST / 4 {
+                    std::hint::spin_loop();
+                }
+                for _ in 0..200 {
+                    assert!(l.block(&7, Duration::ZERO));
+                    l.reset(&8);
+                    let _ = l.check(&8);
+                }
+            })
+        };
+        let admitted: u64 = checkers.into_iter().map(|h| h.join().unwrap()).sum();
+        spiller.join().unwrap();
+        assert_eq!(admitted, BURST, "attempt {attempt}");
+        assert!(!l.check(&7).is_allowed());
+        clock.advance(Duration::from_millis(3));
+        assert_eq!((0..10).filter(|_| l.check(&7).is_allowed()).count(), 3);
+        if l.stats().cas_retries > 0 {
+            return;
+        }
+    }
+    panic!("the checking threads never collided in 10 attempts: the test proved nothing");
+}
+
+/// Threads race to insert the same new keys: each key gets one slot (the cap counts it once)
+/// and every charge lands on it.
+#[test]
+fn racing_first_inserts_make_one_slot_per_key() {
+    const KEYS: u64 = 2_000;
+    let clock = FakeClock::new();
+    let l: Arc<Limiter<u64, FakeClock>> = Arc::new(
+        Limiter::builder()
+            .quota(Quota::per_hour(1).burst(1))
+            .store(StoreKind::Flat)
+            .max_keys(KEYS as usize)
+            .clock(clock)
+            .build()
+            .unwrap(),
+    );
+    let barrier = Arc::new(Barrier::new(4));
+    let admitted: u64 = (0..4)
+        .map(|_| {
+            let (l, b) = (l.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                b.wait();
+                (0..KEYS).filter(|k| l.check(k).is_allowed()).count() as u64
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .sum();
+    assert_eq!(admitted, KEYS, "one admission per key, whoever inserted it");
+    assert_eq!(l.len(), KEYS as usize);
+    assert_eq!(l.check(&KEYS).reason(), Reason::TableFull);
+}
+
+/// At one million keys the table costs at most 20 bytes per key (16-byte slots, ~83% full at the
+/// cap, and slack for uneven shards), whatever the shard count.
+#[test]
+fn table_is_at_most_20_bytes_per_key_at_the_cap() {
+    for shards in [2, 8, 64, 256] {
+        let l: Limiter<u64> = Limiter::builder()
+            .quota(Quota::per_second(10))
+            .max_keys(1_000_000)
+            .shards(shards)
+            .build()
+            .unwrap();
+        assert_eq!(l.store_kind(), StoreKind::Flat);
+        let per_key = l.table_bytes() as f64 / 1e6;
+        assert!(per_key <= 20.0, "{shards} shards: {per_key} bytes per key");
+    }
+}
+
+/// Configurations the flat store cannot serve run on the dash store, and say so.
+#[test]
+fn unservable_configurations_fall_back_to_dash() {
+    let log = Limiter::<u64>::builder()
+        .quota(Quota::per_second(10).algorithm(Algorithm::SlidingWindowLog))
+        .build()
+        .unwrap();
+    assert_eq!(log.store_kind(), StoreKind::Dash);
+    let compound = Limiter::<u64>::builder()
+        .quota(Quota::per_second(10))
+        .quota(Quota::per_day(1000))
+        .build()
+        .unwrap();
+    assert_eq!(compound.store_kind(), StoreKind::Dash);
+    let unbounded = Limiter::<u64>::builder()
+        .quota(Quota::per_second(10))
+        .max_keys(usize::MAX)
+        .build()
+        .unwrap();
+    assert_eq!(unbounded.store_kind(), StoreKind::Dash);
+    assert_eq!(unbounded.table_bytes(), 0);
+    assert!(unbounded.check(&1).is_allowed());
+}
+
+/// Sweeping removes fresh inline keys, and spilled keys once their entries are fresh (markers
+/// included): the table ends empty and every key starts again fresh.
+#[test]
+fn sweeping_clears_inline_and_spilled_keys() {
+    let clock = FakeClock::new();
+    let l: Limiter<u64, FakeClock> = Limiter::builder()
+        .quota(Quota::per_second(1).burst(2))
+        .plan("other", Plan::new([Quota::per_second(5)]))
+        .sweep_grace(Duration::ZERO)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let other = l.plan("other").unwrap();
+    for k in 0..100u64 {
+        assert!(l.check(&k).is_allowed());
+    }
+    for k in 100..150u64 {
+        assert!(l.check_in(&k, other, 1).unwrap().is_allowed());
+    }
+    assert!(l.block(&7, Duration::from_secs(5)));
+    assert_eq!(l.len(), 150);
+    assert_eq!(l.sweep_now(), 0, "nothing is fresh yet");
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(l.sweep_now(), 149, "all but the blocked key");
+    assert_eq!(l.check(&7).reason(), Reason::Blocked);
+    clock.advance(Duration::from_secs(4));
+    assert_eq!(l.sweep_now(), 1);
+    assert_eq!(l.len(), 0);
+    let d = l.check(&7);
+    assert!(d.is_allowed());
+    assert_eq!(d.remaining(), 1, "a fresh bucket of 2 after one check");
+}
