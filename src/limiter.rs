@@ -865,28 +865,27 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let run = |e: &Entry| {
             Arc::ptr_eq(&e.rules, &plan.rules).then(|| charge_entry(e, plan, now, cost, mode))
         };
+        if mode == Mode::Peek {
+            // A peek writes nothing: an entry built for other rules is judged as it would be
+            // after migration, on a private copy; an absent key as a fresh one.
+            let peeked = store.with(key, |e| {
+                run(e).unwrap_or_else(|| {
+                    charge_entry(&e.migrate(now, &plan.rules), plan, now, cost, mode)
+                })
+            });
+            return Some(peeked.unwrap_or_else(|| {
+                charge_entry(&Entry::fresh(&plan.rules, 0), plan, now, cost, mode)
+            }));
+        }
         loop {
-            let outcome = if mode == Mode::Peek {
-                // A peek writes nothing: an entry built for other rules is judged as it would
-                // be after migration, on a private copy.
-                let peeked = store.with(key, |e| {
-                    run(e).unwrap_or_else(|| {
-                        charge_entry(&e.migrate(now, &plan.rules), plan, now, cost, mode)
-                    })
-                });
-                return Some(peeked.unwrap_or_else(|| {
-                    charge_entry(&Entry::fresh(&plan.rules, 0), plan, now, cost, mode)
-                }));
-            } else {
-                store
-                    .with_or_insert(
-                        key,
-                        || Entry::fresh(&plan.rules, self.next_entry_id()),
-                        |e| self.evictable(e, now),
-                        run,
-                    )
-                    .ok()?
-            };
+            let outcome = store
+                .with_or_insert(
+                    key,
+                    || Entry::fresh(&plan.rules, self.next_entry_id()),
+                    |e| self.evictable(e, now),
+                    run,
+                )
+                .ok()?;
             if let Some(r) = outcome {
                 return Some(r);
             }

@@ -25,7 +25,7 @@ impl<K: Hash + Eq + Clone> DashStore<K> {
     pub(crate) fn new(shards: usize, max_keys: usize, on_full: OnFull) -> Self {
         let shards = shards.max(2).next_power_of_two();
         DashStore {
-            map: DashMap::with_hasher_and_shard_amount(ahash::RandomState::new(), shards),
+            map: DashMap::with_hasher_and_shard_amount(super::random_state(), shards),
             len: AtomicUsize::new(0),
             max_keys,
             on_full,

@@ -145,14 +145,14 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         // Group indices are computed from 32 hash bits.
         let groups = u32::try_from(slots.div_ceil(GROUP).max(2)).ok()? as usize;
         Some(FlatStore {
-            hasher: ahash::RandomState::new(),
+            hasher: super::random_state(),
             shards: (0..shards)
                 .map(|_| {
                     Some(Shard {
                         groups: Groups::new(groups)?,
                         reach: AtomicUsize::new(1),
                         spill: CachePadded::new(RwLock::new(HashMap::with_hasher(
-                            ahash::RandomState::new(),
+                            super::random_state(),
                         ))),
                     })
                 })
@@ -344,7 +344,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
             for slot in &group.0 {
                 // Acquire: see `find`.
                 let (t, word) = slot.load(Ordering::Acquire);
-                if t & KIND != INLINE || t == TOMB {
+                if t & KIND != INLINE {
                     continue;
                 }
                 view.set_word(word);
@@ -580,7 +580,6 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
                     // Acquire: see `find`.
                     let seen = slot.load(Ordering::Acquire);
                     if seen.0 & KIND == SPILLED
-                        && seen.0 != TOMB
                         && fps.binary_search(&seen.0).is_err()
                         && slot
                             .compare_exchange(seen, (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)

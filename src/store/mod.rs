@@ -47,6 +47,19 @@ impl StoreKind {
     }
 }
 
+/// A hasher for a new map: a random seed per map, so nobody can aim keys at one shard or one
+/// probe chain. Under loom the seed is fixed: a model must run the same way every time.
+pub(crate) fn random_state() -> ahash::RandomState {
+    #[cfg(not(turnstile_loom))]
+    {
+        ahash::RandomState::new()
+    }
+    #[cfg(turnstile_loom)]
+    {
+        ahash::RandomState::with_seeds(1, 2, 3, 4)
+    }
+}
+
 /// What to do with a new key when the table holds `max_keys` keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
