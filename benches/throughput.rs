@@ -68,6 +68,8 @@ struct Config {
     batch_min_keys: u64,
     /// Per-call latency samples per thread and case.
     latency_samples: usize,
+    /// Wall-clock cap on one latency measurement.
+    latency_budget: Duration,
     /// Keys in the sweep measurements.
     sweep_keys: u64,
     write_readme: bool,
@@ -104,6 +106,7 @@ impl Config {
                 stream_len: 1 << 16,
                 batch_min_keys: 1_000_000,
                 latency_samples: 50_000,
+                latency_budget: Duration::from_millis(300),
                 sweep_keys: 100_000,
                 write_readme: false,
                 rate: "checks_per_s",
@@ -118,6 +121,7 @@ impl Config {
                 stream_len: 1 << 20,
                 batch_min_keys: 1_000_000,
                 latency_samples: 1_000_000,
+                latency_budget: Duration::from_secs(2),
                 sweep_keys: 1_000_000,
                 write_readme: false,
                 rate: "checks_per_s",
@@ -771,51 +775,55 @@ struct Percentiles {
 }
 
 /// Per-call latency: each call timed by two raw quanta (TSC) reads around it, on `threads`
-/// threads at once, `cfg.latency_samples` calls each. Returns the percentiles over every call and
+/// threads at once, up to `samples` calls each or until `budget` has passed (a check stuck
+/// behind a sweeper's lock can take milliseconds). Returns the percentiles over every call and
 /// the allocations per call (counted over the single-threaded case only: thread spawns allocate).
 fn latency<C: Contender>(
     c: &C,
     streams: &[Vec<u64>],
     threads: usize,
     samples: usize,
+    budget: Duration,
 ) -> (Percentiles, Option<f64>) {
     let q = quanta::Clock::new();
-    let one = |stream: &[u64]| -> Vec<u64> {
-        let mut s = c.scratch();
-        let mut ticks = Vec::with_capacity(samples);
-        for &k in stream.iter().cycle().take(samples) {
-            let a = q.raw();
-            black_box(c.run(std::slice::from_ref(&k), &mut s));
-            let b = q.raw();
-            ticks.push(b.wrapping_sub(a));
+    let deadline = Instant::now() + budget;
+    let sample = |stream: &[u64], s: &mut C::Scratch, ticks: &mut Vec<u64>| {
+        'outer: for _ in 0..samples.div_ceil(stream.len()) {
+            for (i, &k) in stream.iter().enumerate() {
+                if ticks.len() == samples || (i % 1024 == 0 && Instant::now() > deadline) {
+                    break 'outer;
+                }
+                let a = q.raw();
+                black_box(c.run(std::slice::from_ref(&k), s));
+                let b = q.raw();
+                ticks.push(b.wrapping_sub(a));
+            }
         }
-        ticks
     };
     let (mut ticks, allocs) = if threads == 1 {
         let mut s = c.scratch();
-        // Warm the code path, then count allocations over the measured calls only.
-        black_box(c.run(&streams[0][..CHUNK.min(streams[0].len())], &mut s));
         let mut ticks = Vec::with_capacity(samples);
+        // Warm the code path, then count allocations over the measured calls only (`ticks`
+        // never grows past its capacity).
+        black_box(c.run(&streams[0][..CHUNK.min(streams[0].len())], &mut s));
         let before = CountingAllocator::allocations();
-        for &k in streams[0].iter().cycle().take(samples) {
-            let a = q.raw();
-            black_box(c.run(std::slice::from_ref(&k), &mut s));
-            let b = q.raw();
-            ticks.push(b.wrapping_sub(a));
-        }
+        sample(&streams[0], &mut s, &mut ticks);
         let allocs = CountingAllocator::allocations() - before;
-        (ticks, Some(allocs as f64 / samples as f64))
+        let per_call = allocs as f64 / ticks.len().max(1) as f64;
+        (ticks, Some(per_call))
     } else {
         let barrier = Barrier::new(threads);
         let all = std::thread::scope(|scope| {
             let hs: Vec<_> = streams[..threads]
                 .iter()
                 .map(|st| {
-                    let barrier = &barrier;
-                    let one = &one;
+                    let (barrier, sample) = (&barrier, &sample);
                     scope.spawn(move || {
+                        let mut s = c.scratch();
+                        let mut ticks = Vec::with_capacity(samples);
                         barrier.wait();
-                        one(st)
+                        sample(st, &mut s, &mut ticks);
+                        ticks
                     })
                 })
                 .collect();
@@ -841,12 +849,8 @@ fn percentiles(q: &quanta::Clock, ticks: &mut [u64]) -> Percentiles {
     }
 }
 
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 { a } else { gcd(b, a % b) }
-}
-
-/// The timer's own cost (median of two back-to-back raw reads) and its resolution (the
-/// smallest non-zero difference seen), in ns.
+/// The timer's own cost (median of two back-to-back raw reads) and its typical step (median of
+/// the non-zero differences), in ns.
 fn timer_overhead() -> (f64, f64) {
     let q = quanta::Clock::new();
     let mut ticks: Vec<u64> = (0..100_000)
@@ -856,17 +860,15 @@ fn timer_overhead() -> (f64, f64) {
             b.wrapping_sub(a)
         })
         .collect();
-    // The resolution: the greatest common step of the differences that occur often (AMD's TSC,
-    // for one, advances in steps of 10 ns although it counts at the nominal frequency).
-    ticks.sort_unstable();
-    let mut step = 0u64;
-    for run in ticks.chunk_by(|a, b| a == b) {
-        if run[0] > 0 && run.len() >= ticks.len() / 1_000 {
-            step = gcd(step, run[0]);
-        }
-    }
-    let resolution = q.delta_as_nanos(0, step.max(1) * 1_000) as f64 / 1_000.0;
-    (percentiles(&q, &mut ticks).p50, resolution)
+    // The step: the median non-zero difference (AMD's TSC, for one, counts at its nominal
+    // frequency but mostly advances in steps of about 10 ns).
+    let mut nonzero: Vec<u64> = ticks.iter().copied().filter(|&t| t > 0).collect();
+    let step = if nonzero.is_empty() {
+        f64::NAN
+    } else {
+        percentiles(&q, &mut nonzero).p50
+    };
+    (percentiles(&q, &mut ticks).p50, step)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1202,7 +1204,7 @@ fn latencies(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result
                 fill(&c, keys);
                 for &t in &thread_counts {
                     progress.step(&format!("latency {} {t} thr {name}", keys_label(keys)));
-                    let (p, allocs) = latency(&c, &st, t, cfg.latency_samples);
+                    let (p, allocs) = latency(&c, &st, t, cfg.latency_samples, cfg.latency_budget);
                     res.push(
                         case("latency", keys, "uniform", load.name(), t),
                         name,
@@ -1313,7 +1315,7 @@ fn sweeps(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
 
         // Check latency, idle and with a sweeper looping over the same table.
         progress.step(&format!("sweep vs check {} {name}", keys_label(keys)));
-        let (idle, _) = latency(&live, &st, 1, cfg.latency_samples);
+        let (idle, _) = latency(&live, &st, 1, cfg.latency_samples, cfg.latency_budget);
         let stop = AtomicBool::new(false);
         let passes = AtomicU64::new(0);
         let busy = std::thread::scope(|scope| {
@@ -1329,7 +1331,7 @@ fn sweeps(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
                 std::thread::yield_now();
             }
             let before = passes.load(Ordering::Relaxed);
-            let (busy, _) = latency(&live, &st, 1, cfg.latency_samples);
+            let (busy, _) = latency(&live, &st, 1, cfg.latency_samples, cfg.latency_budget);
             let during = passes.load(Ordering::Relaxed) - before;
             stop.store(true, Ordering::Relaxed);
             (busy, during)
@@ -1611,7 +1613,7 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
                 .any(|r| r.case.section == "throughput" && &r.contender == c)
         })
         .collect();
-    let mut header: Vec<String> = ["keys", "dist", "quota", "threads"]
+    let mut header: Vec<String> = ["keys", "dist", "quota", "threads", "CPU"]
         .map(String::from)
         .to_vec();
     header.extend(contenders.iter().cloned());
@@ -1711,9 +1713,9 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
     let _ = writeln!(
         s,
         "#### Latency per check, ns (uniform keys, allow-heavy)\n\nEach call timed alone by two \
-         raw quanta (TSC) reads; the figures include the timer's own cost, {:.0} ns (median of \
-         two back-to-back reads), and are in steps of its resolution, {:.1} ns here. Allocations per check counted over the one-thread \
-         runs.\n",
+         raw quanta (TSC) reads; the figures include the timer's own cost, {:.0} ns, and move in \
+         its typical step, {:.0} ns (medians of back-to-back reads, the step over non-zero \
+         differences). Allocations per check counted over the one-thread runs.\n",
         timer.0, timer.1
     );
     let mut rows = Vec::new();
