@@ -769,6 +769,7 @@ fn median(v: &mut [f64]) -> f64 {
 /// Per-call latency percentiles in ns.
 #[derive(Debug, Clone, Copy, Default)]
 struct Percentiles {
+    mean: f64,
     p50: f64,
     p99: f64,
     p999: f64,
@@ -838,11 +839,12 @@ fn latency<C: Contender>(
 
 fn percentiles(q: &quanta::Clock, ticks: &mut [u64]) -> Percentiles {
     ticks.sort_unstable();
-    let at = |p: f64| {
-        let i = ((ticks.len() as f64 * p) as usize).min(ticks.len() - 1);
-        q.delta_as_nanos(0, ticks[i]) as f64
-    };
+    let ns = |t: u64| q.delta_as_nanos(0, t) as f64;
+    let at = |p: f64| ns(ticks[((ticks.len() as f64 * p) as usize).min(ticks.len() - 1)]);
+    let sum: u128 = ticks.iter().map(|&t| u128::from(t)).sum();
+    let mean_ticks = (sum / ticks.len().max(1) as u128) as u64;
     Percentiles {
+        mean: ns(mean_ticks),
         p50: at(0.50),
         p99: at(0.99),
         p999: at(0.999),
@@ -923,6 +925,14 @@ impl Results {
             metric,
             value,
         });
+    }
+
+    /// Records latency percentiles as `mean_ns`, `p50_ns`, `p99_ns` and `p999_ns`.
+    fn percentiles(&mut self, case: Case, contender: &str, p: Percentiles) {
+        self.push(case, contender, "mean_ns", p.mean);
+        self.push(case, contender, "p50_ns", p.p50);
+        self.push(case, contender, "p99_ns", p.p99);
+        self.push(case, contender, "p999_ns", p.p999);
     }
 
     fn get(&self, case: Case, contender: &str, metric: &str) -> Option<f64> {
@@ -1205,24 +1215,8 @@ fn latencies(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result
                 for &t in &thread_counts {
                     progress.step(&format!("latency {} {t} thr {name}", keys_label(keys)));
                     let (p, allocs) = latency(&c, &st, t, cfg.latency_samples, cfg.latency_budget);
-                    res.push(
-                        case("latency", keys, "uniform", load.name(), t),
-                        name,
-                        "p50_ns",
-                        p.p50,
-                    );
-                    res.push(
-                        case("latency", keys, "uniform", load.name(), t),
-                        name,
-                        "p99_ns",
-                        p.p99,
-                    );
-                    res.push(
-                        case("latency", keys, "uniform", load.name(), t),
-                        name,
-                        "p999_ns",
-                        p.p999,
-                    );
+                    let at = case("latency", keys, "uniform", load.name(), t);
+                    res.percentiles(at, name, p);
                     if let Some(a) = allocs {
                         res.push(
                             case("latency", keys, "uniform", load.name(), t),
@@ -1343,24 +1337,7 @@ fn sweeps(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
             ));
         }
         for (state, p) in [("idle", idle), ("sweeping", busy)] {
-            res.push(
-                case("sweep_latency", keys, state, "deny", 1),
-                &name,
-                "p50_ns",
-                p.p50,
-            );
-            res.push(
-                case("sweep_latency", keys, state, "deny", 1),
-                &name,
-                "p99_ns",
-                p.p99,
-            );
-            res.push(
-                case("sweep_latency", keys, state, "deny", 1),
-                &name,
-                "p999_ns",
-                p.p999,
-            );
+            res.percentiles(case("sweep_latency", keys, state, "deny", 1), &name, p);
         }
         res.push(
             case("sweep_latency", keys, "sweeping", "deny", 1),
@@ -1744,6 +1721,7 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
                 keys_label(k),
                 t.to_string(),
                 c.clone(),
+                f(g("mean_ns")),
                 f(g("p50_ns")),
                 f(g("p99_ns")),
                 f(g("p999_ns")),
@@ -1755,6 +1733,7 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
         "keys",
         "threads",
         "contender",
+        "mean",
         "p50",
         "p99",
         "p99.9",
