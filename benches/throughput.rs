@@ -400,6 +400,11 @@ trait Contender: Sync {
     type Scratch;
     fn scratch(&self) -> Self::Scratch;
     fn run(&self, keys: &[u64], scratch: &mut Self::Scratch) -> u64;
+    /// Compare-and-swap attempts lost to another thread so far, where the contender counts them
+    /// (evidence that threads really contended).
+    fn cas_retries(&self) -> Option<u64> {
+        None
+    }
 }
 
 struct Turnstile(Limiter<u64>);
@@ -410,6 +415,9 @@ impl Contender for Turnstile {
     #[inline]
     fn run(&self, keys: &[u64], _: &mut ()) -> u64 {
         keys.iter().filter(|k| self.0.check(k).is_allowed()).count() as u64
+    }
+    fn cas_retries(&self) -> Option<u64> {
+        Some(self.0.stats().cas_retries)
     }
 }
 
@@ -426,6 +434,9 @@ impl Contender for TurnstileBatch<'_> {
         let n = self.0.check_many(keys, out);
         assert_eq!(n, keys.len(), "check_many checked fewer keys than given");
         out[..n].iter().filter(|d| d.is_allowed()).count() as u64
+    }
+    fn cas_retries(&self) -> Option<u64> {
+        Some(self.0.stats().cas_retries)
     }
 }
 
@@ -587,6 +598,8 @@ struct Outcome {
     cpu_share: Option<f64>,
     checks: u64,
     admitted: u64,
+    /// CAS attempts lost to another thread during the run (turnstile only).
+    cas_retries: Option<u64>,
 }
 
 /// The calling thread's CPU time in ns (`CLOCK_THREAD_CPUTIME_ID`), on Linux.
@@ -621,6 +634,7 @@ fn thread_cpu_ns() -> Option<u64> {
 fn timed_run<C: Contender>(c: &C, streams: &[Vec<u64>], threads: usize, d: Duration) -> Outcome {
     let barrier = Barrier::new(threads + 1);
     let stop = AtomicBool::new(false);
+    let retries_before = c.cas_retries();
     std::thread::scope(|scope| {
         let handles: Vec<_> = streams[..threads]
             .iter()
@@ -672,6 +686,9 @@ fn timed_run<C: Contender>(c: &C, streams: &[Vec<u64>], threads: usize, d: Durat
             cpu_share: cpu_total.map(|t| t as f64 * 1e-9 / (wall * threads as f64)),
             checks,
             admitted,
+            cas_retries: retries_before
+                .zip(c.cas_retries())
+                .map(|(a, b)| b.saturating_sub(a)),
         }
     })
 }
@@ -751,6 +768,15 @@ fn race(
         push(
             "cpu_share",
             out.iter().filter_map(|o| o.cpu_share).collect(),
+        );
+        push(
+            "cas_retries_per_m_checks",
+            out.iter()
+                .filter_map(|o| {
+                    o.cas_retries
+                        .map(|r| r as f64 * 1e6 / o.checks.max(1) as f64)
+                })
+                .collect(),
         );
     }
     Ok(())
@@ -1472,101 +1498,7 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
         cfg.stream_len,
     );
 
-    // Targets from the issue, at 2 threads.
-    if cfg.threads.contains(&2) {
-        let _ = writeln!(s, "#### Against the targets (2 threads)\n");
-        let mut rows = Vec::new();
-        let gov = |k, d: &'static str, l: &'static str| {
-            res.get(case("throughput", k, d, l, 2), GOVERNOR, cfg.rate)
-        };
-        for kind in StoreKind::ALL {
-            let st = store_name(kind);
-            let ts = |k, d: &'static str, l: &'static str, n: &str| {
-                res.get(case("throughput", k, d, l, 2), n, cfg.rate)
-            };
-            for (case, k, d, l, target, contender) in [
-                (
-                    "1k keys, allow-heavy",
-                    1_000,
-                    "uniform",
-                    "allow",
-                    2.0,
-                    st.clone(),
-                ),
-                (
-                    "1k keys, deny-heavy",
-                    1_000,
-                    "uniform",
-                    "deny",
-                    4.0,
-                    st.clone(),
-                ),
-                (
-                    "1M uniform keys, allow-heavy",
-                    1_000_000,
-                    "uniform",
-                    "allow",
-                    2.5,
-                    st.clone(),
-                ),
-                (
-                    "1M uniform keys, allow-heavy, `check_many`",
-                    1_000_000,
-                    "uniform",
-                    "allow",
-                    5.0,
-                    batch_name(kind),
-                ),
-                (
-                    "1 hot key, deny-heavy",
-                    1,
-                    "uniform",
-                    "deny",
-                    8.0,
-                    st.clone(),
-                ),
-                (
-                    "1 hot key, allow-heavy",
-                    1,
-                    "uniform",
-                    "allow",
-                    2.0,
-                    st.clone(),
-                ),
-            ] {
-                let (t, g) = (ts(k, d, l, &contender), gov(k, d, l));
-                if t.is_none() || g.is_none() {
-                    continue;
-                }
-                let r = t.unwrap_or(0.0) / g.unwrap_or(1.0);
-                rows.push(vec![
-                    format!("{contender}: {case}"),
-                    mps(g),
-                    mps(t),
-                    format!("{r:.2}×"),
-                    format!("≥ {target}×"),
-                    if r >= target {
-                        "yes".into()
-                    } else {
-                        "**no**".into()
-                    },
-                ]);
-            }
-        }
-        let header: Vec<String> = [
-            "case",
-            "governor M/s",
-            "turnstile M/s",
-            "ratio",
-            "target",
-            "met",
-        ]
-        .iter()
-        .map(|h| h.to_string())
-        .collect();
-        s += &table(&header, &rows);
-        s.push('\n');
-    }
+    s += &targets(cfg, res);
 
     // Throughput.
     let mut contenders: Vec<String> = Vec::new();
@@ -1598,6 +1530,9 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
         header.push(format!("{} ×gov", c.trim_start_matches("turnstile/")));
         header.push(format!("{} ×floor", c.trim_start_matches("turnstile/")));
     }
+    for kind in StoreKind::ALL {
+        header.push(format!("{} CAS retries/M", kind.name()));
+    }
     let mut rows = Vec::new();
     for &k in &cfg.key_spaces {
         for d in dists(k) {
@@ -1624,6 +1559,11 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
                         row.push(ratio(get(c), get(GOVERNOR)));
                         row.push(ratio(get(c), get(FLOOR_CAS)));
                     }
+                    for kind in StoreKind::ALL {
+                        let at = case("throughput", k, d.name(), l.name(), t);
+                        let r = res.get(at, &store_name(kind), "cas_retries_per_m_checks");
+                        row.push(r.map_or("–".into(), |v| format!("{v:.0}")));
+                    }
                     rows.push(row);
                 }
             }
@@ -1633,7 +1573,8 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
         s,
         "#### Throughput, M checks/s{}\n\nCPU: the smallest share of the cores the run's threads \
          actually got, over the row's contenders (below ~90%, other processes were competing and \
-         the row is noisy).\n",
+         the row is noisy). CAS retries/M: compare-and-swap attempts turnstile lost to another \
+         thread per million checks (from its `Stats`), the evidence that threads contended.\n",
         if cfg.rate == "checks_per_cpu_s" {
             " per second of CPU time received (`TURNSTILE_BENCH_RATE=cpu`)"
         } else {
@@ -1802,6 +1743,148 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
     .map(String::from);
     s += &table(&header, &rows);
     s
+}
+
+/// The issue's targets next to what this run measured (throughput ratios at 2 threads).
+fn targets(cfg: &Config, res: &Results) -> String {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let yes_no = |ok: bool| if ok { "yes" } else { "**no**" }.to_string();
+    let f1 = |v: f64| format!("{v:.1}");
+    for kind in StoreKind::ALL {
+        let store = store_name(kind);
+        let batch = batch_name(kind);
+        let throughput = [
+            ("1k keys, allow-heavy", 1_000, "allow", 2.0, &store),
+            ("1k keys, deny-heavy", 1_000, "deny", 4.0, &store),
+            (
+                "1M uniform keys, allow-heavy",
+                1_000_000,
+                "allow",
+                2.5,
+                &store,
+            ),
+            (
+                "1M uniform keys, allow-heavy",
+                1_000_000,
+                "allow",
+                5.0,
+                &batch,
+            ),
+            ("1 hot key, deny-heavy", 1, "deny", 8.0, &store),
+            ("1 hot key, allow-heavy", 1, "allow", 2.0, &store),
+        ];
+        for (what, k, l, target, contender) in throughput {
+            let at = case("throughput", k, "uniform", l, 2);
+            let (Some(t), Some(g)) = (
+                res.get(at, contender, cfg.rate),
+                res.get(at, GOVERNOR, cfg.rate),
+            ) else {
+                continue;
+            };
+            rows.push(vec![
+                format!("{contender}: {what}, 2 threads, M checks/s"),
+                f1(g / 1e6),
+                f1(t / 1e6),
+                format!("{:.2}× governor", t / g),
+                format!("≥ {target}× governor"),
+                yes_no(t / g >= target),
+            ]);
+        }
+        let big = cfg
+            .key_spaces
+            .iter()
+            .copied()
+            .filter(|&k| k <= 1_000_000)
+            .max();
+        if let Some(k) = big.filter(|&k| k >= 1_000) {
+            let at = case("memory", k, "-", "-", 1);
+            if let Some(t) = res.get(at, &store, "bytes_per_key") {
+                let g = res
+                    .get(at, GOVERNOR, "bytes_per_key")
+                    .map_or("–".into(), f1);
+                rows.push(vec![
+                    format!("{store}: bytes per key at {}", keys_label(k)),
+                    g,
+                    f1(t),
+                    f1(t),
+                    "≤ 20".into(),
+                    yes_no(t <= 20.0),
+                ]);
+            }
+            let at = case("fill", k, "-", "-", 1);
+            if let Some(t) = res.get(at, &store, "ns_per_new_key") {
+                let g = res
+                    .get(at, GOVERNOR, "ns_per_new_key")
+                    .map_or("–".into(), |v| format!("{v:.0}"));
+                rows.push(vec![
+                    format!("{store}: ns per new key, filling to {}", keys_label(k)),
+                    g,
+                    format!("{t:.0}"),
+                    format!("{t:.0}"),
+                    "≤ 100".into(),
+                    yes_no(t <= 100.0),
+                ]);
+            }
+        }
+        let k = cfg.sweep_keys;
+        for (what, load, metric) in [
+            ("visiting live keys", "deny", "visit_ns_per_key"),
+            ("removing fresh keys", "fresh", "remove_ns_per_key"),
+        ] {
+            let at = case("sweep", k, "-", load, 1);
+            if let Some(t) = res.get(at, &store, metric) {
+                rows.push(vec![
+                    format!("{store}: sweep ns per key, {what}, {}", keys_label(k)),
+                    res.get(at, GOVERNOR, metric).map_or("–".into(), f1),
+                    f1(t),
+                    f1(t),
+                    "≤ 5".into(),
+                    yes_no(t <= 5.0),
+                ]);
+            }
+        }
+        let p99 = |state| res.get(case("sweep_latency", k, state, "deny", 1), &store, "p99_ns");
+        if let (Some(idle), Some(busy)) = (p99("idle"), p99("sweeping")) {
+            rows.push(vec![
+                format!("{store}: check p99 while sweeping vs idle, ns"),
+                "–".into(),
+                format!("{busy:.0} vs {idle:.0}"),
+                format!("{:.1}×", busy / idle),
+                "≤ 2×".into(),
+                yes_no(busy <= 2.0 * idle),
+            ]);
+        }
+        let allocs: Vec<f64> = res
+            .rows
+            .iter()
+            .filter(|r| {
+                r.case.section == "latency"
+                    && r.contender == store
+                    && r.metric == "allocs_per_check"
+            })
+            .map(|r| r.value)
+            .collect();
+        if let Some(worst) = allocs.iter().copied().reduce(f64::max) {
+            rows.push(vec![
+                format!("{store}: allocations per check on existing keys"),
+                "–".into(),
+                format!("{worst}"),
+                format!("{worst}"),
+                "0".into(),
+                yes_no(worst == 0.0),
+            ]);
+        }
+    }
+    let header = [
+        "target",
+        "governor",
+        "turnstile",
+        "measured",
+        "target",
+        "met",
+    ]
+    .map(String::from);
+    format!("#### Against the targets\n\n{}\n", table(&header, &rows))
 }
 
 const README_BEGIN: &str = "<!-- throughput:begin (generated by benches/throughput.rs) -->";
