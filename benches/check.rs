@@ -1,5 +1,6 @@
 //! Single-thread cost of one check, per algorithm, next to governor's keyed limiter in the same
-//! run; plus the clock read and a new-key insert. Run: `cargo bench --bench check`.
+//! run; plus the clock read, a new-key insert and a sweep (per key), for every store. Run:
+//! `cargo bench --bench check`. The multi-threaded comparison is `benches/throughput.rs`.
 //!
 //! Every case cycles over 1,000 existing u64 keys with the real monotonic clock. "allow" quotas
 //! admit nearly everything (10^9 per second); "deny" quotas are spent once and then deny.
@@ -8,12 +9,12 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use criterion::{Criterion, criterion_group, criterion_main};
-use turnstile::{Algorithm, Clock, Limiter, MonotonicClock, Quota};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use turnstile::{Algorithm, Clock, Limiter, MonotonicClock, Quota, StoreKind};
 
 const KEYS: u64 = 1_000;
 
-fn turnstile_limiter(alg: Algorithm, allow: bool) -> Limiter<u64> {
+fn turnstile_limiter(alg: Algorithm, allow: bool, store: StoreKind) -> Limiter<u64> {
     let q = if allow {
         Quota::per_second(1_000_000_000).burst(1_000_000_000)
     } else {
@@ -30,7 +31,11 @@ fn turnstile_limiter(alg: Algorithm, allow: bool) -> Limiter<u64> {
     } else {
         q
     };
-    let l = Limiter::builder().quota(q.algorithm(alg)).build().unwrap();
+    let l = Limiter::builder()
+        .quota(q.algorithm(alg))
+        .store(store)
+        .build()
+        .unwrap();
     for k in 0..KEYS {
         let _ = l.check(&k);
     }
@@ -42,9 +47,23 @@ fn bench_checks(c: &mut Criterion) {
     for allow in [true, false] {
         let mode = if allow { "allow" } else { "deny" };
         for alg in Algorithm::ALL {
-            let l = turnstile_limiter(alg, allow);
+            let l = turnstile_limiter(alg, allow, StoreKind::default());
             let mut k = 0u64;
             g.bench_function(format!("turnstile/{}/{mode}", alg.name()), |b| {
+                b.iter(|| {
+                    k = (k + 1) % KEYS;
+                    black_box(l.check(black_box(&k)))
+                })
+            });
+        }
+        // The other stores, on the token bucket.
+        for kind in StoreKind::ALL
+            .into_iter()
+            .filter(|&k| k != StoreKind::default())
+        {
+            let l = turnstile_limiter(Algorithm::TokenBucket, allow, kind);
+            let mut k = 0u64;
+            g.bench_function(format!("turnstile-{}/gcra/{mode}", kind.name()), |b| {
                 b.iter(|| {
                     k = (k + 1) % KEYS;
                     black_box(l.check(black_box(&k)))
@@ -77,37 +96,67 @@ fn bench_clock(c: &mut Criterion) {
 }
 
 fn bench_insert(c: &mut Criterion) {
-    c.bench_function("insert/new_key", |b| {
-        let l: Limiter<u64> = Limiter::builder()
-            .quota(Quota::per_second(10))
-            .max_keys(usize::MAX)
-            .build()
-            .unwrap();
-        let mut k = 0u64;
-        b.iter(|| {
-            k += 1;
-            black_box(l.check(&k))
-        })
-    });
+    let mut g = c.benchmark_group("insert");
+    for kind in StoreKind::ALL {
+        g.bench_function(format!("new_key/{}", kind.name()), |b| {
+            let l: Limiter<u64> = Limiter::builder()
+                .quota(Quota::per_second(10))
+                .store(kind)
+                .max_keys(usize::MAX)
+                .build()
+                .unwrap();
+            let mut k = 0u64;
+            b.iter(|| {
+                k += 1;
+                black_box(l.check(&k))
+            })
+        });
+    }
+    g.finish();
 }
 
+/// Keys in the sweep benches; criterion reports the time per key (elements/s).
+const SWEEP_KEYS: u64 = 100_000;
+
 fn bench_sweep(c: &mut Criterion) {
-    c.bench_function("sweep/100k_fresh_keys", |b| {
-        b.iter_batched(
-            || {
-                let l: Limiter<u64> = Limiter::builder()
-                    .quota(Quota::new(1, Duration::from_nanos(1)))
-                    .build()
-                    .unwrap();
-                for k in 0..100_000 {
-                    let _ = l.check(&k);
-                }
-                l
-            },
-            |l| black_box(l.sweep_now()),
-            criterion::BatchSize::LargeInput,
-        )
-    });
+    let mut g = c.benchmark_group("sweep");
+    g.throughput(Throughput::Elements(SWEEP_KEYS));
+    for kind in StoreKind::ALL {
+        // Every key fresh (1 per microsecond, burst 1, checked over a millisecond ago, no
+        // grace): the sweep removes all of them.
+        g.bench_function(format!("remove_100k_fresh/{}", kind.name()), |b| {
+            b.iter_batched(
+                || {
+                    let l: Limiter<u64> = Limiter::builder()
+                        .quota(Quota::new(1, Duration::from_micros(1)).burst(1))
+                        .store(kind)
+                        .sweep_grace(Duration::ZERO)
+                        .build()
+                        .unwrap();
+                    for k in 0..SWEEP_KEYS {
+                        let _ = l.check(&k);
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                    l
+                },
+                |l| assert_eq!(l.sweep_now() as u64, SWEEP_KEYS),
+                criterion::BatchSize::LargeInput,
+            )
+        });
+        // Every key live (its one unit per hour spent): the sweep visits all, removes none.
+        let l: Limiter<u64> = Limiter::builder()
+            .quota(Quota::per_hour(1))
+            .store(kind)
+            .build()
+            .unwrap();
+        for k in 0..SWEEP_KEYS {
+            let _ = l.check(&k);
+        }
+        g.bench_function(format!("visit_100k_live/{}", kind.name()), |b| {
+            b.iter(|| assert_eq!(l.sweep_now(), 0))
+        });
+    }
+    g.finish();
 }
 
 criterion_group! {

@@ -9,4 +9,6 @@ echo "== clippy"; cargo clippy --all-targets --all-features -- -D warnings
 echo "== tests";  cargo test --all-features
 echo "== loom";   bash scripts/loom.sh
 echo "== demo";   cargo run --release --features cli --quiet -- demo >/dev/null
+echo "== bench";  cargo bench --quiet --bench check -- --test   # every criterion bench once
+TURNSTILE_BENCH=short cargo bench --quiet --bench throughput    # the harness, short mode
 echo "all tests passed"

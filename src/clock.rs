@@ -23,16 +23,18 @@ pub trait Clock: Send + Sync + 'static {
 
 /// Backward steps of the raw source smaller than this are passed through, larger ones are clamped.
 ///
-/// Clamping every read would need a shared read-modify-write on each check, which bounces a cache
-/// line between cores; steps below a microsecond are TSC skew between cores, which the algorithms
-/// absorb (a GCRA cell keeps `max(TAT, now)`, a window keeps the newer window).
-const CLAMP_GRANULE_NS: u64 = 1_000;
+/// The high-water mark is written at most once per granule (by whichever thread first reads a
+/// time that far past it), so it costs a shared cache-line write about a thousand times a
+/// second, not on every check; every check only reads it. Smaller backward steps (TSC skew
+/// between cores is nanoseconds) are absorbed by the algorithms themselves (a GCRA cell keeps
+/// `max(TAT, now)`, a window keeps the newer window): none returns permits when time goes back.
+const CLAMP_GRANULE_NS: u64 = 1_000_000;
 
 /// The default clock: `quanta` (the TSC where it is invariant, else the OS monotonic clock).
 ///
 /// TSC caveat: on machines whose TSC is not synchronised across sockets, two cores can disagree by
-/// a small amount. This clock keeps a high-water mark, refreshed at most once per microsecond of
-/// progress, and never returns less than it, so a large backwards step is clamped; sub-microsecond
+/// a small amount. This clock keeps a high-water mark, refreshed at most once per millisecond of
+/// progress, and never returns less than it, so a large backwards step is clamped; smaller
 /// disagreement between cores remains and is harmless to every algorithm.
 #[derive(Debug, Clone)]
 pub struct MonotonicClock {
