@@ -53,6 +53,22 @@ impl RedisServer {
         Self::start_with(&[])
     }
 
+    /// Starts a standalone server on a given port (one chosen by `free_port` earlier).
+    pub fn start_at(port: u16) -> RedisServer {
+        let dir =
+            std::env::temp_dir().join(format!("turnstile-redis-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut s = RedisServer {
+            port,
+            child: None,
+            dir,
+            extra: Vec::new(),
+        };
+        assert!(s.spawn(), "redis-server did not start on port {port}");
+        s
+    }
+
     /// Starts a server with extra arguments (e.g. cluster mode).
     pub fn start_with(extra: &[&str]) -> RedisServer {
         let cluster = extra.contains(&"--cluster-enabled");
