@@ -371,7 +371,19 @@ impl SyncedInner {
         }
         if work.is_empty() {
             if gate == Gate::Probe {
-                self.breaker.abandon();
+                // Nothing to push (checks are answered by the policy while the breaker is
+                // open, so they touch no key): probe with a PING.
+                let ping = tokio::time::timeout(self.deadline, async {
+                    let mut conn = self.link.get().await?;
+                    conn.query::<String>(&::redis::cmd("PING")).await
+                })
+                .await;
+                if matches!(ping, Ok(Ok(_))) {
+                    self.breaker.success(gate);
+                } else {
+                    self.link.reset();
+                    let _ = self.breaker.failure(gate, self.clock.now());
+                }
             }
             return;
         }
