@@ -538,6 +538,12 @@ impl<C: Clock> RedisLimiter<C> {
         }
     }
 
+    /// The SHA1 of this limiter's script (what it sends with EVALSHA), for other tools such as
+    /// `redis-benchmark`.
+    pub fn script_sha(&self) -> &str {
+        &self.inner.sha
+    }
+
     /// True while the circuit breaker is open (Redis is considered down).
     pub fn is_degraded(&self) -> bool {
         self.inner.breaker.is_open()
