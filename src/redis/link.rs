@@ -279,3 +279,56 @@ impl Breaker {
         self.open_until.load(Ordering::Acquire) != 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn breaker_opens_probes_backs_off_and_closes() {
+        let b = Breaker::new(BreakerConfig {
+            threshold: 3,
+            min_backoff_ns: 100,
+            max_backoff_ns: 350,
+        });
+        assert_eq!(b.gate(0), Gate::Pass);
+        assert!(!b.failure(Gate::Pass, 10));
+        assert!(!b.failure(Gate::Pass, 11));
+        assert!(b.failure(Gate::Pass, 12), "the third failure opens");
+        assert!(
+            !b.failure(Gate::Pass, 12),
+            "only one caller counts the opening"
+        );
+        assert!(b.is_open());
+        assert_eq!(b.gate(111), Gate::Shut);
+        assert_eq!(b.wait_ns(111), 1);
+        assert_eq!(b.gate(112), Gate::Probe);
+        assert_eq!(b.gate(112), Gate::Shut, "one probe at a time");
+        // A failed probe reopens for the same backoff, and doubles the next one.
+        assert!(b.failure(Gate::Probe, 120));
+        assert_eq!(b.gate(219), Gate::Shut);
+        assert_eq!(b.gate(220), Gate::Probe);
+        assert!(b.failure(Gate::Probe, 220));
+        assert_eq!(b.gate(419), Gate::Shut);
+        assert_eq!(b.gate(420), Gate::Probe);
+        assert!(b.failure(Gate::Probe, 420));
+        // Capped at max_backoff.
+        assert_eq!(b.gate(769), Gate::Shut);
+        assert_eq!(b.gate(770), Gate::Probe);
+        // An abandoned probe lets the next caller probe.
+        b.abandon();
+        assert_eq!(b.gate(770), Gate::Probe);
+        b.success(Gate::Probe);
+        assert!(!b.is_open());
+        assert_eq!(b.gate(771), Gate::Pass);
+        // Closed again: the backoff starts over and the count restarts.
+        assert!(!b.failure(Gate::Pass, 800));
+        assert!(!b.failure(Gate::Pass, 800));
+        b.success(Gate::Pass);
+        assert!(!b.failure(Gate::Pass, 800));
+        assert!(!b.failure(Gate::Pass, 800));
+        assert!(b.failure(Gate::Pass, 800));
+        assert_eq!(b.gate(899), Gate::Shut);
+        assert_eq!(b.gate(900), Gate::Probe);
+    }
+}

@@ -209,6 +209,15 @@ impl Common {
                 message: "redis deadline is 0: a call needs some time to reach Redis".into(),
             });
         }
+        if self.prefix.contains(['{', '}']) {
+            return Err(Error::Config {
+                line: None,
+                message: format!(
+                    "redis prefix '{}' contains a brace: the hash tag must be the key's own",
+                    self.prefix
+                ),
+            });
+        }
         if let FailurePolicy::LocalShare { nodes: 0 } = self.policy {
             return Err(Error::Config {
                 line: None,
@@ -491,10 +500,11 @@ enum Failure {
 impl<C: Clock> RedisLimiter<C> {
     /// Checks one unit for `key`. Never fails: when Redis cannot answer, the policy does.
     pub async fn check(&self, key: &str) -> Checked {
+        // Cost 1 is always valid (every quota holds at least one unit), so the error arm is
+        // never taken; it answers by the policy rather than panic.
         match self.call(key, 1, Call::Check).await {
             Ok(c) => c,
-            // Cost 1 is always valid: every quota holds at least one unit.
-            Err(_) => unreachable!("cost 1 never exceeds a capacity"),
+            Err(_) => self.degraded(key, 1, self.inner.clock.now()),
         }
     }
 

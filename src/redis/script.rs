@@ -504,3 +504,68 @@ pub(crate) fn parse_reply(
     }
     Ok((all, now, out))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+    use ::redis::Value;
+
+    #[test]
+    fn one_script_per_algorithm_and_their_union_for_compounds() {
+        let g = source(&[Kind::Gcra]);
+        assert!(g.contains("decide_g") && !g.contains("decide_f") && !g.contains("decide_l"));
+        let all = source(&[Kind::Fixed, Kind::Sliding, Kind::Log]);
+        assert!(all.contains("decide_f") && all.contains("decide_s") && all.contains("decide_l"));
+        assert!(!all.contains("decide_g"));
+    }
+
+    #[test]
+    fn arguments_carry_exact_integers() {
+        let r = Quota::new(3, std::time::Duration::from_millis(100))
+            .burst(2)
+            .compile(0)
+            .unwrap();
+        // T = ceil(1e8 / 3) = 33,333,334 ns.
+        assert_eq!(
+            part_args(&r, 2, Call::Check),
+            ["g", "66666668", "66666668", ""].map(String::from)
+        );
+        assert_eq!(part_args(&r, 1, Call::Reserve(5))[2], "66666673");
+    }
+
+    #[test]
+    fn malformed_replies_are_errors_not_panics() {
+        let s = |x: &str| Value::BulkString(x.as_bytes().to_vec());
+        assert!(parse_reply(&Value::Nil, 1).is_err());
+        assert!(parse_reply(&Value::Array(vec![Value::Int(1)]), 1).is_err());
+        let v = Value::Array(vec![Value::Int(1), s("-5"), Value::Int(1), s("0")]);
+        assert!(parse_reply(&v, 1).is_err());
+        let v = Value::Array(vec![Value::Int(1), s("1000"), Value::Int(1), s("7")]);
+        let (all, now, parts) = parse_reply(&v, 1).unwrap();
+        assert!(all && now == 1000 && parts[0].state == "7");
+        let fixed = Quota::per_second(5)
+            .algorithm(crate::Algorithm::FixedWindow)
+            .compile(0)
+            .unwrap();
+        for bad in ["x", "1:", "1:99999999999", ":"] {
+            let reply = PartReply {
+                admitted: true,
+                state: bad.into(),
+            };
+            assert!(
+                part_decision(&fixed, &reply, 0, 1, Call::Check).is_err(),
+                "{bad}"
+            );
+        }
+        let log = Quota::per_second(5)
+            .algorithm(crate::Algorithm::SlidingWindowLog)
+            .compile(0)
+            .unwrap();
+        let reply = PartReply {
+            admitted: true,
+            state: "1:2:3".into(),
+        };
+        assert!(part_decision(&log, &reply, 0, 1, Call::Check).is_err());
+    }
+}
