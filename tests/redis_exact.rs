@@ -63,7 +63,13 @@ fn differential(server: &RedisServer, name: &str, quotas: &[Quota], seed: u64) {
         .unwrap();
     let mut rng = Rng(seed);
     let (mut allowed, mut denied, mut delayed) = (0, 0, 0);
+    let mut ttls = 0;
     rt.block_on(async {
+        let mut raw = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
         for i in 0..300 {
             // Skewed: hot keys see every window, cold ones come back to stale or fresh state.
             let key = match rng.below(100) {
@@ -82,6 +88,25 @@ fn differential(server: &RedisServer, name: &str, quotas: &[Quota], seed: u64) {
                 remote.check_n(&key, cost).await.unwrap()
             };
             assert_eq!(got.source(), Source::Redis, "{name} call {i}: degraded");
+            // Every key the limiter wrote carries a TTL: right after an admission all of this
+            // key's parts exist with one; after a denial they may have expired, never lost it.
+            for k in remote.keys_of(&key) {
+                let ttl: i64 = redis::cmd("PTTL")
+                    .arg(&k)
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+                if got.decision().is_allowed() {
+                    assert!(
+                        ttl > 0,
+                        "{name} call {i}: {k} has PTTL {ttl} after an admission"
+                    );
+                    ttls += 1;
+                } else {
+                    // 0: under a millisecond left; -2: gone; -1 would be no TTL.
+                    assert!(ttl >= 0 || ttl == -2, "{name} call {i}: {k} has PTTL {ttl}");
+                }
+            }
             clock.set_ns(got.server_time_ns().unwrap());
             let want = if reserve {
                 local.reserve(&key, cost, max_delay).unwrap()
@@ -119,58 +144,60 @@ fn differential(server: &RedisServer, name: &str, quotas: &[Quota], seed: u64) {
     if buckets {
         assert!(delayed > 0, "{name}: no reservation waited");
     }
-    eprintln!("{name}: {allowed} allowed ({delayed} delayed), {denied} denied: identical");
+    assert!(ttls >= allowed);
+    eprintln!(
+        "{name}: {allowed} allowed ({delayed} delayed), {denied} denied: identical; {ttls} TTLs checked"
+    );
 }
 
 #[test]
 fn scripts_match_in_process_algorithms_on_the_same_trace() {
     let server = RedisServer::start();
     let ms = Duration::from_millis;
-    differential(&server, "token", &[Quota::new(20, ms(500)).burst(4)], 1);
-    differential(
-        &server,
-        "leaky",
-        &[Quota::new(30, ms(700))
-            .burst(3)
-            .algorithm(Algorithm::LeakyBucket)],
-        2,
-    );
-    differential(
-        &server,
-        "fixed",
-        &[Quota::new(6, ms(80)).algorithm(Algorithm::FixedWindow)],
-        3,
-    );
-    differential(
-        &server,
-        "sliding",
-        &[Quota::new(7, ms(60)).algorithm(Algorithm::SlidingWindowCounter)],
-        4,
-    );
-    differential(
-        &server,
-        "log",
-        &[Quota::new(6, ms(160)).algorithm(Algorithm::SlidingWindowLog)],
-        5,
-    );
-    // A rate whose emission interval is not a whole microsecond (ns arithmetic in the script).
-    differential(&server, "odd-rate", &[Quota::new(3, ms(100)).burst(2)], 6);
-    differential(
-        &server,
-        "compound",
-        &[
-            Quota::new(10, ms(200)).burst(3),
-            Quota::new(12, ms(400)).algorithm(Algorithm::FixedWindow),
-            Quota::new(9, ms(300)).algorithm(Algorithm::SlidingWindowLog),
-        ],
-        7,
-    );
+    let cases: Vec<(&str, Vec<Quota>)> = vec![
+        ("token", vec![Quota::new(20, ms(500)).burst(4)]),
+        (
+            "leaky",
+            vec![
+                Quota::new(30, ms(700))
+                    .burst(3)
+                    .algorithm(Algorithm::LeakyBucket),
+            ],
+        ),
+        (
+            "fixed",
+            vec![Quota::new(6, ms(80)).algorithm(Algorithm::FixedWindow)],
+        ),
+        (
+            "sliding",
+            vec![Quota::new(7, ms(60)).algorithm(Algorithm::SlidingWindowCounter)],
+        ),
+        (
+            "log",
+            vec![Quota::new(6, ms(160)).algorithm(Algorithm::SlidingWindowLog)],
+        ),
+        // A rate whose emission interval is not a whole microsecond (ns arithmetic in Lua).
+        ("odd-rate", vec![Quota::new(3, ms(100)).burst(2)]),
+        (
+            "compound",
+            vec![
+                Quota::new(10, ms(200)).burst(3),
+                Quota::new(12, ms(400)).algorithm(Algorithm::FixedWindow),
+                Quota::new(9, ms(300)).algorithm(Algorithm::SlidingWindowLog),
+            ],
+        ),
+    ];
+    // The traces are independent (own keys, own prefixes): run them side by side.
+    std::thread::scope(|s| {
+        for (seed, (name, quotas)) in cases.iter().enumerate() {
+            let server = &server;
+            s.spawn(move || differential(server, name, quotas, seed as u64 + 1));
+        }
+    });
 
-    // Every key the limiters wrote carries a TTL.
+    // Whatever is left carries a TTL too.
     let keys = server.cli(&["--scan", "--pattern", "diff:*"]);
-    let keys: Vec<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
-    assert!(keys.len() >= 5, "expected limiter keys, found {keys:?}");
-    for k in keys {
+    for k in keys.lines().filter(|l| !l.is_empty()) {
         let ttl: i64 = server.cli(&["PTTL", k]).trim().parse().unwrap();
         // -2: expired between the scan and now (fine); -1 would be a key without a TTL.
         assert!(ttl > 0 || ttl == -2, "key {k} has PTTL {ttl}");
