@@ -323,3 +323,46 @@ fn a_limiter_starts_while_redis_is_down_and_recovers_by_itself() {
     );
     let _ = AtomicU64::new(0);
 }
+
+#[test]
+fn a_corrupted_key_is_answered_by_the_policy_without_tripping_the_breaker() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    for (i, quota) in [
+        Quota::per_second(10),
+        Quota::per_second(10).algorithm(turnstile::Algorithm::FixedWindow),
+        Quota::per_second(10).algorithm(turnstile::Algorithm::SlidingWindowCounter),
+        Quota::per_second(10).algorithm(turnstile::Algorithm::SlidingWindowLog),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let l = RedisLimiter::builder(&server.url())
+            .prefix(format!("bad{i}:"))
+            .quota(quota)
+            .deadline(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        // Another program writes garbage under one key and a list under another (before each
+        // call: a script that fails part-way keeps what it wrote, e.g. a log's expiry).
+        let garbage = l.keys_of("garbage")[0].clone();
+        let list = l.keys_of("list")[0].clone();
+        rt.block_on(async {
+            for _ in 0..10 {
+                server.cli(&["SET", &garbage, "not:a:state:at:all"]);
+                server.cli(&["DEL", &list]);
+                server.cli(&["RPUSH", &list, "x"]);
+                for key in ["garbage", "list"] {
+                    let c = l.check(key).await;
+                    assert_eq!(c.source(), Source::FailedClosed, "{quota:?} {key}");
+                    assert!(!c.decision().is_allowed());
+                }
+                assert_eq!(l.check("fine").await.source(), Source::Redis, "{quota:?}");
+            }
+        });
+        let st = l.stats();
+        assert_eq!(st.breaker_opens, 0, "{quota:?}: {st:?}");
+        assert_eq!(st.errors, 20);
+        assert_eq!(st.failed_closed, 20);
+    }
+}

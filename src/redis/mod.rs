@@ -633,6 +633,14 @@ impl<C: Clock> RedisLimiter<C> {
                 }
                 let dropped = matches!(&f, Failure::Redis(e) if e.is_io_error()
                     || e.is_connection_dropped() || e.is_connection_refusal());
+                if matches!(&f, Failure::Redis(e) if key_local(e)) {
+                    // This key's state is unreadable (another program wrote the key): the
+                    // server is fine, so the breaker is not involved; the policy answers.
+                    if gate == Gate::Probe {
+                        inner.breaker.success(gate);
+                    }
+                    return Ok(self.degraded(key, cost, now));
+                }
                 if inner.breaker.failure(gate, now) {
                     bump(&inner.counters.breaker_opens);
                     // Abandon the connection with whatever is stuck on it.
@@ -746,4 +754,14 @@ impl<C: Clock> RedisLimiter<C> {
             }
         }
     }
+}
+
+/// True for an error that concerns one key's contents, not the server's health: the script
+/// failed on a value of the wrong type or shape (written by something other than this limiter).
+fn key_local(e: &::redis::RedisError) -> bool {
+    if e.kind() != ::redis::ErrorKind::Server(::redis::ServerErrorKind::ResponseError) {
+        return false;
+    }
+    let msg = e.to_string();
+    msg.contains("WRONGTYPE") || msg.contains("user_script")
 }
