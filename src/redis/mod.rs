@@ -20,6 +20,8 @@
 mod link;
 mod script;
 mod synced;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
