@@ -1,16 +1,17 @@
 //! Exact mode on a real 3-master Redis Cluster (`redis-cli --cluster create` on loopback):
-//! compound limits keep their parts in one slot and stay all-or-nothing and exact.
+//! compound limits keep their parts in one slot and stay all-or-nothing and exact; synced mode
+//! shares keys that live on different masters.
 #![cfg(feature = "redis")]
 
 mod redis_support;
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use redis_support::RedisCluster;
-use turnstile::redis::{RedisLimiter, Source};
+use turnstile::redis::{RedisLimiter, Source, SyncedLimiter};
 use turnstile::{Algorithm, Quota};
 
 #[test]
@@ -120,6 +121,89 @@ fn compound_limits_on_a_three_master_cluster() {
     }
     let st = adapters[0].stats();
     assert_eq!(st.degraded() + st.mismatches, 0, "{st:?}");
+
+    synced_on_the_cluster(&cluster, &seeds, &rt);
+}
+
+/// Synced mode on the same cluster: three engines share keys that live on different masters,
+/// and stay within the documented bound.
+fn synced_on_the_cluster(cluster: &RedisCluster, seeds: &[&str], rt: &tokio::runtime::Runtime) {
+    const RATE: u64 = 100;
+    const BURST: u64 = 10;
+    const KEYS: usize = 6;
+    let interval = Duration::from_millis(50);
+    let engines: Vec<Arc<SyncedLimiter>> = {
+        let _g = rt.enter();
+        (0..3)
+            .map(|_| {
+                Arc::new(
+                    SyncedLimiter::cluster_builder(seeds)
+                        .prefix("cs:")
+                        .quota(Quota::per_second(RATE).burst(BURST))
+                        .interval(interval)
+                        .build()
+                        .unwrap(),
+                )
+            })
+            .collect()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let threads: Vec<_> = engines
+        .iter()
+        .map(|e| {
+            let (e, stop) = (e.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut admitted = [0u64; KEYS];
+                while !stop.load(Ordering::Relaxed) {
+                    for (k, a) in admitted.iter_mut().enumerate() {
+                        if e.check(&format!("key{k}")).is_allowed() {
+                            *a += 1;
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+                admitted
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let mut totals = [0u64; KEYS];
+    for t in threads {
+        for (k, a) in t.join().unwrap().iter().enumerate() {
+            totals[k] += a;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let exact = BURST as f64 + RATE as f64 * secs;
+    let bound = exact + 2.0 * (BURST as f64 + RATE as f64 * (interval.as_secs_f64() + 0.05));
+    let stats: Vec<_> = engines.iter().map(|e| e.stats()).collect();
+    eprintln!(
+        "synced on the cluster: {totals:?} admitted per key, exact {exact:.0}, bound {bound:.0}; {stats:?}"
+    );
+    for (k, &t) in totals.iter().enumerate() {
+        assert!((t as f64) <= bound, "key{k}: {t} > {bound:.0}");
+        assert!(
+            (t as f64) < exact * 1.5,
+            "key{k}: {t}: engines did not share state"
+        );
+        assert!((t as f64) >= exact * 0.8, "key{k}: {t}: under-admitted");
+    }
+    for s in &stats {
+        assert!(s.rounds >= 10 && s.failed_rounds <= 2, "{s:?}");
+    }
+    // The keys spread over more than one master, each with its TTL.
+    let holders: HashSet<usize> = (0..KEYS)
+        .filter_map(|k| {
+            let key = format!("cs:{{key{k}}}:s");
+            cluster.nodes.iter().position(|n| {
+                let ttl: i64 = n.cli(&["PTTL", &key]).trim().parse().unwrap_or(-3);
+                ttl > 0
+            })
+        })
+        .collect();
+    assert!(holders.len() >= 2, "keys on masters {holders:?}");
 }
 
 /// True when a `CLUSTER NODES` line's slot ranges include `slot`.

@@ -101,6 +101,11 @@ impl Link {
         }
     }
 
+    /// True for a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
+    }
+
     /// The live connection, connecting first if there is none. The caller bounds the wait.
     pub(crate) async fn get(&self) -> RedisResult<Conn> {
         if let Some(c) = lock(&self.conn).clone() {

@@ -21,7 +21,7 @@ use std::time::Duration;
 use ::redis::{Cmd, Pipeline, Value};
 use dashmap::DashMap;
 
-use super::link::{Breaker, Gate, Link, Target};
+use super::link::{Breaker, Conn, Gate, Link, Target};
 use super::{Common, FailurePolicy, common_setters};
 use crate::algo;
 use crate::cell::update;
@@ -207,9 +207,19 @@ impl Drop for SyncedLimiter {
 }
 
 impl SyncedLimiter {
-    /// A builder for one Redis server.
+    /// A builder for one Redis server (or a Valkey).
     pub fn builder(url: &str) -> SyncedBuilder {
-        let mut common = Common::new(Target::single(url));
+        Self::with_target(Target::single(url))
+    }
+
+    /// A builder for a Redis Cluster, from one or more seed nodes. Each key is reconciled with
+    /// its own script call (keys of one round live in different slots), all in flight at once.
+    pub fn cluster_builder(nodes: &[&str]) -> SyncedBuilder {
+        Self::with_target(Target::cluster(nodes, Duration::from_millis(100)))
+    }
+
+    fn with_target(target: Result<Target, Error>) -> SyncedBuilder {
+        let mut common = Common::new(target);
         common.deadline = Duration::from_millis(100);
         SyncedBuilder {
             common,
@@ -387,8 +397,11 @@ impl SyncedInner {
             }
             return;
         }
+        // A cluster cannot run one script over keys in different slots: one key per script
+        // there, sent concurrently over the cluster connection.
+        let batch = if self.link.is_cluster() { 1 } else { BATCH };
         let mut pipe = Pipeline::new();
-        for chunk in work.chunks(BATCH) {
+        for chunk in work.chunks(batch) {
             let mut cmd = Cmd::new();
             // EVAL, not EVALSHA: a pipeline cannot reload half-way, and EVAL never meets
             // NOSCRIPT (Redis caches the compiled script by its hash anyway).
@@ -406,9 +419,11 @@ impl SyncedInner {
                 Ok(c) => c,
                 Err(e) => return Err((false, e.to_string())),
             };
-            conn.pipe::<Vec<Value>>(&pipe)
-                .await
-                .map_err(|e| (true, e.to_string()))
+            let out = match &conn {
+                Conn::Single(_) => conn.pipe::<Vec<Value>>(&pipe).await,
+                Conn::Cluster(c) => concurrently(c, pipe.cmd_iter()).await,
+            };
+            out.map_err(|e| (true, e.to_string()))
         })
         .await
         .unwrap_or_else(|_| Err((true, "deadline".into())));
@@ -487,6 +502,30 @@ impl SyncedInner {
             }
         }
     }
+}
+
+/// Sends every command on its own over a cluster connection, all in flight at once, and
+/// returns the replies in order (or the first error: the round then counts as failed and none
+/// of it is replayed).
+async fn concurrently<'a>(
+    conn: &::redis::cluster_async::ClusterConnection,
+    cmds: impl Iterator<Item = &'a Cmd>,
+) -> ::redis::RedisResult<Vec<Value>> {
+    let mut set = tokio::task::JoinSet::new();
+    let mut n = 0;
+    for (i, cmd) in cmds.enumerate() {
+        let (mut c, cmd) = (conn.clone(), cmd.clone());
+        set.spawn(async move { (i, cmd.query_async::<Value>(&mut c).await) });
+        n += 1;
+    }
+    let mut out = vec![Value::Nil; n];
+    while let Some(joined) = set.join_next().await {
+        let (i, r) = joined.map_err(|e| {
+            ::redis::RedisError::from(std::io::Error::other(format!("sync task: {e}")))
+        })?;
+        out[i] = r?;
+    }
+    Ok(out)
 }
 
 async fn run(inner: Arc<SyncedInner>, interval: Duration) {
