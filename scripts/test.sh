@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 echo "== fmt";    cargo fmt --all --check
 echo "== clippy"; cargo clippy --all-targets --all-features -- -D warnings
+echo "== redis";  bash scripts/ensure-redis.sh   # the redis feature's tests start real servers
 echo "== tests";  cargo test --all-features
 echo "== loom";   bash scripts/loom.sh
 echo "== demo";   cargo run --release --features cli --quiet -- demo >/dev/null

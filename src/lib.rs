@@ -12,6 +12,8 @@ pub(crate) mod ip;
 pub(crate) mod limiter;
 pub(crate) mod plan;
 pub(crate) mod quota;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub(crate) mod stats;
 pub(crate) mod store;
 pub(crate) mod sweep;
