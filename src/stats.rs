@@ -74,6 +74,7 @@ fn stripe_count() -> usize {
 }
 
 /// The calling thread's stripe index (assigned round-robin on first use).
+#[inline]
 fn stripe_index() -> usize {
     static NEXT: StaticAtomicUsize = StaticAtomicUsize::new(0);
     thread_local! {
