@@ -843,8 +843,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                     return Some(Some((d, retries)));
                 }
                 Found::Absent => {
-                    if s.insert_inline(hash, |e| self.evictable(e, now)).is_err() {
-                        return Some(None);
+                    // A new key: its first call decided on the fresh state, and the slot is
+                    // claimed holding the result (a denial leaves it fresh).
+                    let step = crate::cell::decide_fresh(now, cost, rule, plan.headroom, mode);
+                    let first = step.next.unwrap_or(0);
+                    match s.insert_inline(hash, first, |e| self.evictable(e, now)) {
+                        Ok(true) => return Some(Some((step.decision, 0))),
+                        Ok(false) => {}
+                        Err(_) => return Some(None),
                     }
                 }
             }

@@ -309,6 +309,18 @@ impl Cell {
     }
 }
 
+/// The pure step for a word cell that is fresh (a new key's first call).
+#[inline]
+pub(crate) fn decide_fresh(
+    now: u64,
+    cost: u64,
+    rule: &Rule,
+    headroom: u64,
+    mode: Mode,
+) -> Step<u64> {
+    decide_word(0, now, cost, rule, headroom, mode)
+}
+
 /// The pure step for a word cell.
 #[inline]
 fn decide_word(

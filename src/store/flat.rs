@@ -288,12 +288,13 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     }
 
     /// Claims a slot for a new key (under `shard`'s write lock), honouring the cap and the
-    /// `OnFull` policy. Writes `(tag, 0)`: a fresh key.
+    /// `OnFull` policy. Writes `(tag, word)`.
     fn claim(
         &self,
         shard: &Shard<K>,
         hash: u64,
         kind: u64,
+        word: u64,
         free: Option<Free<'_>>,
         evictable: &mut dyn FnMut(&Entry) -> bool,
     ) -> Result<(), Full> {
@@ -318,14 +319,14 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         // Relaxed: reach is read Relaxed by lock-free lookups (see `find`) and exactly under
         // this lock; raising it before publishing the tag lets most lookups find the key.
         shard.reach.fetch_max(free.distance + 1, Ordering::Relaxed);
-        // Release: publishes the fresh state with the tag (pairs with `find`'s Acquire). Only
+        // Release: publishes the state with the tag (pairs with `find`'s Acquire). Only
         // claims (under this lock) turn a free slot into a live one, and removals never touch
         // a free slot, so this cannot fail; if it did, the slot is left alone and nothing leaks.
         if free
             .slot
             .compare_exchange(
                 free.seen,
-                (tag(hash, kind), 0),
+                (tag(hash, kind), word),
                 Ordering::Release,
                 Ordering::Relaxed,
             )
@@ -363,18 +364,23 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         false
     }
 
-    /// Makes sure an inline slot exists for the key hashed to `hash` (a new key under the
-    /// inline rules). `Err(Full)` at the cap when nothing may be evicted.
+    /// Inserts the key hashed to `hash` as an inline key holding `first` (a fresh key's state
+    /// after its first call, so insertion and first charge are one write). `Ok(false)` when the
+    /// key turned out to be present already (the caller looks it up again); `Err(Full)` at the
+    /// cap when nothing may be evicted.
     pub(crate) fn insert_inline(
         &self,
         hash: u64,
+        first: u64,
         mut evictable: impl FnMut(&Entry) -> bool,
-    ) -> Result<(), Full> {
+    ) -> Result<bool, Full> {
         let shard = self.shard(hash);
         let _claims = sync::write(&shard.spill);
         match Self::probe_locked(shard, hash) {
-            Ok(_) => Ok(()),
-            Err(free) => self.claim(shard, hash, INLINE, free, &mut evictable),
+            Ok(_) => Ok(false),
+            Err(free) => self
+                .claim(shard, hash, INLINE, first, free, &mut evictable)
+                .map(|()| true),
         }
     }
 
@@ -465,7 +471,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
                         }
                     }
                     Err(free) => {
-                        self.claim(shard, hash, SPILLED, free, &mut evictable)?;
+                        self.claim(shard, hash, SPILLED, 0, free, &mut evictable)?;
                         break make();
                     }
                 }
