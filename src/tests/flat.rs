@@ -314,3 +314,36 @@ fn sweeping_clears_inline_and_spilled_keys() {
     assert!(d.is_allowed());
     assert_eq!(d.remaining(), 1, "a fresh bucket of 2 after one check");
 }
+
+/// More threads than stats stripes: owners count with plain stores, the rest share one stripe
+/// with `fetch_add`, and no count is lost.
+#[test]
+fn stats_stay_exact_with_more_threads_than_stripes() {
+    const THREADS: u64 = 24;
+    const CHECKS: u64 = 20_000;
+    let clock = FakeClock::new();
+    let l: Arc<Limiter<u64, FakeClock>> = Arc::new(
+        Limiter::builder()
+            .quota(Quota::per_second(1).burst(1000))
+            .clock(clock)
+            .build()
+            .unwrap(),
+    );
+    let barrier = Arc::new(Barrier::new(THREADS as usize));
+    let allowed: u64 = (0..THREADS)
+        .map(|t| {
+            let (l, b) = (l.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                b.wait();
+                (0..CHECKS).filter(|i| l.check(&(i % 64 + t % 2)).is_allowed()).count() as u64
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .sum();
+    let st = l.stats();
+    assert_eq!(st.allowed, allowed);
+    assert_eq!(st.allowed + st.denied, THREADS * CHECKS);
+    assert_eq!(allowed, 65 * 1000, "65 keys, a burst of 1000 each");
+}
