@@ -70,6 +70,10 @@ const SPILLED: u64 = 0b11;
 /// The low tag bits that say which kind of slot it is.
 const KIND: u64 = 0b11;
 
+/// Shard tables at least this large ask for transparent huge pages.
+#[cfg(not(turnstile_loom))]
+const HUGE_TABLE_BYTES: usize = 4 << 20;
+
 /// Live keys per slot at the cap, in percent (the rest is what keeps probes short).
 const LOAD_PERCENT: usize = 83;
 
@@ -104,7 +108,9 @@ struct Free<'a> {
 }
 
 struct Shard<K> {
-    groups: Groups,
+    /// This shard's groups: `table[start..start + len]`.
+    start: usize,
+    len: usize,
     /// Groups a lookup scans at most: one more than the farthest from its home group that any
     /// key of this shard was ever placed. Only raised, under `spill`'s write lock.
     reach: AtomicUsize,
@@ -114,6 +120,8 @@ struct Shard<K> {
 
 /// The lock-free store (see the module docs).
 pub(crate) struct FlatStore<K> {
+    /// Every shard's slots, in one mapping (so huge pages can cover it whole).
+    table: Groups,
     hasher: ahash::RandomState,
     shards: Box<[Shard<K>]>,
     /// `64 - log2(shards)`: a key's shard is its hash's top bits.
@@ -145,18 +153,18 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         // Group indices are computed from 32 hash bits.
         let groups = u32::try_from(slots.div_ceil(GROUP).max(2)).ok()? as usize;
         Some(FlatStore {
+            table: Groups::new(groups.checked_mul(shards)?)?,
             hasher: super::random_state(),
             shards: (0..shards)
-                .map(|_| {
-                    Some(Shard {
-                        groups: Groups::new(groups)?,
-                        reach: AtomicUsize::new(1),
-                        spill: CachePadded::new(RwLock::new(HashMap::with_hasher(
-                            super::random_state(),
-                        ))),
-                    })
+                .map(|i| Shard {
+                    start: i * groups,
+                    len: groups,
+                    reach: AtomicUsize::new(1),
+                    spill: CachePadded::new(RwLock::new(HashMap::with_hasher(
+                        super::random_state(),
+                    ))),
                 })
-                .collect::<Option<_>>()?,
+                .collect(),
             shard_shift: 64 - shards.trailing_zeros(),
             rules,
             len: CachePadded::new(AtomicUsize::new(0)),
@@ -167,7 +175,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
 
     /// Bytes of the slot table (mapped outside the global allocator; resident as touched).
     pub(crate) fn table_bytes(&self) -> usize {
-        self.shards.len() * self.shards[0].groups.len * std::mem::size_of::<Group>()
+        self.table.len * std::mem::size_of::<Group>()
     }
 
     /// The rules served inline.
@@ -186,17 +194,23 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         &self.shards[(hash >> self.shard_shift) as usize]
     }
 
+    /// The groups of `shard`.
+    #[inline]
+    fn groups(&self, shard: &Shard<K>) -> &[Group] {
+        &self.table.get()[shard.start..][..shard.len]
+    }
+
     /// The group a hash starts probing at: the low 32 bits scaled to the group count.
     #[inline]
-    fn home(shard: &Shard<K>, hash: u64) -> usize {
-        (((hash & 0xFFFF_FFFF) * shard.groups.len as u64) >> 32) as usize
+    fn home(groups: &[Group], hash: u64) -> usize {
+        (((hash & 0xFFFF_FFFF) * groups.len() as u64) >> 32) as usize
     }
 
     /// Starts loading the cache line `key`'s probe starts at (for batches).
     #[inline]
     pub(crate) fn prefetch(&self, hash: u64) {
-        let shard = self.shard(hash);
-        let group = &shard.groups.get()[Self::home(shard, hash)];
+        let groups = self.groups(self.shard(hash));
+        let group = &groups[Self::home(groups, hash)];
         prefetch_line(group as *const Group as *const u8);
     }
 
@@ -204,15 +218,16 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     #[inline]
     pub(crate) fn find(&self, hash: u64) -> Found<'_> {
         let shard = self.shard(hash);
+        let groups = self.groups(shard);
         let (inline, spilled) = (tag(hash, INLINE), tag(hash, SPILLED));
-        let n = shard.groups.len;
-        let mut g = Self::home(shard, hash);
+        let n = groups.len();
+        let mut g = Self::home(groups, hash);
         // Relaxed: a stale (smaller) reach can only make a lookup miss a key placed far away
         // just now; a miss goes to `insert_inline` or the spill path, which look again under
         // the write lock, where reach is exact.
         let reach = shard.reach.load(Ordering::Relaxed);
         for _ in 0..reach {
-            for slot in &shard.groups.get()[g].0 {
+            for slot in &groups[g].0 {
                 // Acquire: pairs with the Release of the claim that wrote this tag, so the state
                 // word the claim published (fresh, 0) or any later swap's word is what we see.
                 let (t, word) = slot.load(Ordering::Acquire);
@@ -234,17 +249,19 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// Under `shard`'s write lock: the slot holding the key (inline or spilled), or the first
     /// free slot its probe passes (none when the shard is full).
     fn probe_locked<'a>(
-        shard: &'a Shard<K>,
+        &'a self,
+        shard: &Shard<K>,
         hash: u64,
     ) -> Result<(&'a AtomicPair, (u64, u64)), Option<Free<'a>>> {
+        let groups = self.groups(shard);
         let (inline, spilled) = (tag(hash, INLINE), tag(hash, SPILLED));
-        let n = shard.groups.len;
+        let n = groups.len();
         // Relaxed: reach only changes under the write lock, which we hold.
         let reach = shard.reach.load(Ordering::Relaxed);
         let mut free = None;
-        let mut g = Self::home(shard, hash);
+        let mut g = Self::home(groups, hash);
         for distance in 0..n {
-            for slot in &shard.groups.get()[g].0 {
+            for slot in &groups[g].0 {
                 // Acquire: see `find`.
                 let seen = slot.load(Ordering::Acquire);
                 if seen.0 == inline || seen.0 == spilled {
@@ -306,7 +323,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
             return Err(Full);
         }
         // An eviction may have opened a slot nearer home than the one found before it.
-        let free = match Self::probe_locked(shard, hash) {
+        let free = match self.probe_locked(shard, hash) {
             Err(Some(f)) => f,
             Err(None) | Ok(_) => match free {
                 Some(f) => f,
@@ -341,7 +358,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// Evicts one inline key of `shard` for which `evictable` holds; true if one went.
     fn evict_one(&self, shard: &Shard<K>, evictable: &mut dyn FnMut(&Entry) -> bool) -> bool {
         let view = self.view(0);
-        for group in shard.groups.get().iter() {
+        for group in self.groups(shard) {
             for slot in &group.0 {
                 // Acquire: see `find`.
                 let (t, word) = slot.load(Ordering::Acquire);
@@ -376,7 +393,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     ) -> Result<bool, Full> {
         let shard = self.shard(hash);
         let _claims = sync::write(&shard.spill);
-        match Self::probe_locked(shard, hash) {
+        match self.probe_locked(shard, hash) {
             Ok(_) => Ok(false),
             Err(free) => self
                 .claim(shard, hash, INLINE, first, free, &mut evictable)
@@ -449,7 +466,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
         let mut map = sync::write(&shard.spill);
         if !map.contains_key(key) {
             let entry = loop {
-                match Self::probe_locked(shard, hash) {
+                match self.probe_locked(shard, hash) {
                     // A marker with no entry: the key is fresh.
                     Ok((_, (t, _))) if t & KIND == SPILLED => break make(),
                     Ok((slot, (t, word))) => {
@@ -513,7 +530,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
                     let mut map = sync::write(&shard.spill);
                     map.remove(key);
                     let shared = self.fingerprints(&map).contains(&tag(hash, SPILLED));
-                    return match Self::probe_locked(shard, hash) {
+                    return match self.probe_locked(shard, hash) {
                         Ok((slot, seen)) if seen.0 & KIND == SPILLED => {
                             // Another key with this fingerprint keeps the marker.
                             if !shared
@@ -551,7 +568,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
         // Inline keys, with no lock: each removal is a swap that fails if a charge landed first.
         let view = self.view(0);
         let mut markers = false;
-        for group in shard.groups.get().iter() {
+        for group in self.groups(shard) {
             for slot in &group.0 {
                 // Acquire: see `find`.
                 let (t, word) = slot.load(Ordering::Acquire);
@@ -581,7 +598,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
             visited += map.len();
             map.retain(|_, e| !remove(e));
             let fps = self.fingerprints(&map);
-            for group in shard.groups.get().iter() {
+            for group in self.groups(shard) {
                 for slot in &group.0 {
                     // Acquire: see `find`.
                     let seen = slot.load(Ordering::Acquire);
@@ -635,6 +652,12 @@ impl Groups {
         {
             let bytes = len.checked_mul(std::mem::size_of::<Group>())?;
             let map = memmap2::MmapMut::map_anon(bytes).ok()?;
+            // Large tables are probed at random: 2 MB pages spare most TLB misses. Only a hint
+            // (the kernel may not have transparent huge pages); small tables keep 4 KB pages so
+            // an idle table stays cheap.
+            if bytes >= HUGE_TABLE_BYTES {
+                let _ = map.advise(memmap2::Advice::HugePage);
+            }
             Some(Groups { map, len })
         }
         #[cfg(turnstile_loom)]

@@ -335,7 +335,9 @@ fn stats_stay_exact_with_more_threads_than_stripes() {
             let (l, b) = (l.clone(), barrier.clone());
             std::thread::spawn(move || {
                 b.wait();
-                (0..CHECKS).filter(|i| l.check(&(i % 64 + t % 2)).is_allowed()).count() as u64
+                (0..CHECKS)
+                    .filter(|i| l.check(&(i % 64 + t % 2)).is_allowed())
+                    .count() as u64
             })
         })
         .collect::<Vec<_>>()
