@@ -842,6 +842,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                     let (d, _, retries) = charge_entry(&d, plan, now, cost, mode);
                     return Some(Some((d, retries)));
                 }
+                Found::Absent if s.refuses_new_keys() => return Some(None),
                 Found::Absent => {
                     // A new key: its first call decided on the fresh state, and the slot is
                     // claimed holding the result (a denial leaves it fresh).

@@ -381,6 +381,16 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         false
     }
 
+    /// True when a new key would certainly be refused: the table is at the cap and the policy
+    /// is to deny. Lets a flood of new keys at a full table be denied with one read of a counter
+    /// instead of a shard's write lock each.
+    #[inline]
+    pub(crate) fn refuses_new_keys(&self) -> bool {
+        // Relaxed: a snapshot; a key refused while a removal is in flight is refused as if it
+        // came just before the removal.
+        self.on_full == OnFull::Deny && self.len.load(Ordering::Relaxed) >= self.max_keys
+    }
+
     /// Inserts the key hashed to `hash` as an inline key holding `first` (a fresh key's state
     /// after its first call, so insertion and first charge are one write). `Ok(false)` when the
     /// key turned out to be present already (the caller looks it up again); `Err(Full)` at the
