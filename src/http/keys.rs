@@ -404,7 +404,7 @@ fn parse_node(text: &str) -> Option<IpAddr> {
 }
 
 fn is_port(p: &str) -> bool {
-    !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit())
+    p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
 }
 
 /// The client address: walks from the peer leftwards through `hops` (a forwarding header's hops,

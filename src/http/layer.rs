@@ -371,18 +371,24 @@ impl<C: Clock> RateLimitLayer<C> {
         );
         let mut denied = None;
         for (key, plan, label) in applies {
-            match core.limiter.charge_detailed(&key, plan, 1, Mode::Check) {
+            // After a denial the remaining limits are only peeked, so the headers still list
+            // every policy that applies (as the engine does for the parts of a compound plan).
+            let mode = if denied.is_some() {
+                Mode::Peek
+            } else {
+                Mode::Check
+            };
+            match core.limiter.charge_detailed(&key, plan, 1, mode) {
                 Ok(d) => {
-                    let stop = !d.decision.is_allowed();
+                    let denies = denied.is_none() && !d.decision.is_allowed();
                     checks.push(Check {
                         key,
                         plan,
                         label,
                         detailed: d,
                     });
-                    if stop {
+                    if denies {
                         denied = Some(checks.len() - 1);
-                        break;
                     }
                 }
                 Err(e) => {
