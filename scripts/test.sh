@@ -9,4 +9,5 @@ echo "== clippy"; cargo clippy --all-targets --all-features -- -D warnings
 echo "== tests";  cargo test --all-features
 echo "== loom";   bash scripts/loom.sh
 echo "== demo";   cargo run --release --features cli --quiet -- demo >/dev/null
+echo "== http";   bash scripts/http_curl.sh
 echo "all tests passed"
