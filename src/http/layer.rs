@@ -52,11 +52,57 @@ pub type PlanFuture = Pin<Box<dyn Future<Output = Option<String>> + Send + 'stat
 type Resolver = dyn Fn(&http::request::Parts, &ClientKey) -> PlanFuture + Send + Sync;
 type UserFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
 
-/// A plan as the headers describe it.
+/// A plan as the headers and the 429 message describe it.
 #[derive(Debug)]
 struct PlanInfo {
-    name: String,
     quotas: Vec<Quota>,
+    /// The plan as a client's own limit (labelled with the plan's name).
+    policy: Arc<Policy>,
+}
+
+/// The IETF policy items of one limit (a plan under a label), formatted once at construction.
+#[derive(Debug)]
+struct Policy {
+    /// One structured-field string per part: `"free"`, or `"pro.0"`, `"pro.1"`.
+    names: Vec<String>,
+    /// The `RateLimit-Policy` items, joined: `"pro.0";q=4;w=1, "pro.1";q=100;w=3600`.
+    items: String,
+    /// `items` as a header value, for the common case of one limit.
+    header: Option<HeaderValue>,
+}
+
+impl Policy {
+    fn new(label: &str, quotas: &[Quota]) -> Policy {
+        let many = quotas.len() > 1;
+        let mut names = Vec::with_capacity(quotas.len());
+        let mut items = String::new();
+        for (i, q) in quotas.iter().enumerate() {
+            let name = if many {
+                format::sf_string(&format!("{label}.{i}"))
+            } else {
+                format::sf_string(label)
+            };
+            if i > 0 {
+                items.push_str(", ");
+            }
+            let _ = write!(
+                items,
+                "{name};q={};w={}",
+                q.limit(),
+                format::ceil_secs(crate::clock::nanos(q.period())).max(1)
+            );
+            if q.burst_size() != q.limit() && q.algo().name().ends_with("bucket") {
+                let _ = write!(items, ";burst={}", q.burst_size());
+            }
+            names.push(name);
+        }
+        let header = HeaderValue::from_str(&items).ok();
+        Policy {
+            names,
+            items,
+            header,
+        }
+    }
 }
 
 /// A rule with its plans resolved to ids.
@@ -66,6 +112,8 @@ struct CompiledRule {
     plan: PlanId,
     /// Client plan → this rule's plan for that client.
     tiers: HashMap<PlanId, PlanId>,
+    /// This rule's policy under each plan it can use.
+    policies: HashMap<PlanId, Arc<Policy>>,
 }
 
 /// What the layer shares between clones.
@@ -150,8 +198,8 @@ impl<C: Clock> RateLimitLayer<C> {
             plans.insert(
                 id(name)?,
                 PlanInfo {
-                    name: name.clone(),
                     quotas: plan.quotas().to_vec(),
+                    policy: Arc::new(Policy::new(name, plan.quotas())),
                 },
             );
         }
@@ -175,10 +223,17 @@ impl<C: Clock> RateLimitLayer<C> {
             for (client, plan) in &r.tiers {
                 tiers.insert(id(client)?, id(plan)?);
             }
+            let plan = id(&r.plan)?;
+            let mut policies = HashMap::new();
+            for p in tiers.values().copied().chain([plan]) {
+                let quotas = plans.get(&p).map_or(&[][..], |i: &PlanInfo| &i.quotas[..]);
+                policies.insert(p, Arc::new(Policy::new(&r.name, quotas)));
+            }
             rules.push(CompiledRule {
                 rule: r.clone(),
-                plan: id(&r.plan)?,
+                plan,
                 tiers,
+                policies,
             });
         }
         let api_key_header =
@@ -344,33 +399,28 @@ impl<C: Clock> RateLimitLayer<C> {
         let method = parts.method.as_str();
         let path = parts.uri.path();
         let mut checks: Vec<Check> = Vec::with_capacity(1 + core.rules.len());
-        let mut applies: Vec<(HttpKey, PlanId, String)> = Vec::with_capacity(1 + core.rules.len());
-        for (i, r) in core.rules.iter().enumerate() {
-            if r.rule.matches(method, path) {
-                let key = HttpKey {
-                    rule: Some(i as u16),
-                    client: if r.rule.shared {
-                        ClientKey::Unidentified
-                    } else {
-                        client.clone()
-                    },
-                };
-                let rule_plan = r.tiers.get(&plan).copied().unwrap_or(r.plan);
-                applies.push((key, rule_plan, r.rule.name.clone()));
+        let own = core.plans.get(&plan).map(|p| Arc::clone(&p.policy));
+        let rules = core.rules.iter().enumerate().filter_map(|(i, r)| {
+            if !r.rule.matches(method, path) {
+                return None;
             }
-        }
-        applies.insert(
-            0,
-            (
-                HttpKey { rule: None, client },
-                plan,
-                core.plans
-                    .get(&plan)
-                    .map_or_else(String::new, |p| p.name.clone()),
-            ),
-        );
+            let key = HttpKey {
+                rule: Some(i as u16),
+                client: if r.rule.shared {
+                    ClientKey::Unidentified
+                } else {
+                    client.clone()
+                },
+            };
+            let rule_plan = r.tiers.get(&plan).copied().unwrap_or(r.plan);
+            Some((key, rule_plan, r.policies.get(&rule_plan).cloned()))
+        });
+        let own_key = HttpKey {
+            rule: None,
+            client: client.clone(),
+        };
         let mut denied = None;
-        for (key, plan, label) in applies {
+        for (key, plan, policy) in std::iter::once((own_key, plan, own)).chain(rules) {
             // After a denial the remaining limits are only peeked, so the headers still list
             // every policy that applies (as the engine does for the parts of a compound plan).
             let mode = if denied.is_some() {
@@ -384,7 +434,7 @@ impl<C: Clock> RateLimitLayer<C> {
                     checks.push(Check {
                         key,
                         plan,
-                        label,
+                        policy,
                         detailed: d,
                     });
                     if denies {
@@ -434,32 +484,29 @@ impl<C: Clock> RateLimitLayer<C> {
             );
         }
         if style.ietf() {
-            let mut policy = String::new();
-            let mut state = String::new();
-            for c in checks {
-                let Some(info) = self.core.plans.get(&c.plan) else {
-                    continue;
-                };
-                let many = info.quotas.len() > 1;
-                for (i, (q, d)) in info.quotas.iter().zip(c.detailed.parts.iter()).enumerate() {
-                    let Some(d) = d else { continue };
-                    let name = if many {
-                        format::sf_string(&format!("{}.{i}", c.label))
-                    } else {
-                        format::sf_string(&c.label)
-                    };
-                    if !policy.is_empty() {
-                        policy.push_str(", ");
-                        state.push_str(", ");
+            let policy = match checks {
+                [one] => one.policy.as_ref().and_then(|p| p.header.clone()),
+                _ => {
+                    let mut items = String::new();
+                    for p in checks.iter().filter_map(|c| c.policy.as_ref()) {
+                        if !items.is_empty() {
+                            items.push_str(", ");
+                        }
+                        items.push_str(&p.items);
                     }
-                    let _ = write!(
-                        policy,
-                        "{name};q={};w={}",
-                        q.limit(),
-                        format::ceil_secs(crate::clock::nanos(q.period())).max(1)
-                    );
-                    if q.burst_size() != q.limit() && q.algo().name().ends_with("bucket") {
-                        let _ = write!(policy, ";burst={}", q.burst_size());
+                    HeaderValue::from_str(&items).ok()
+                }
+            };
+            if let Some(v) = policy {
+                headers.insert(HeaderName::from_static("ratelimit-policy"), v);
+            }
+            let mut state = String::with_capacity(32 * checks.len());
+            for c in checks {
+                let Some(policy) = &c.policy else { continue };
+                for (name, d) in policy.names.iter().zip(c.detailed.parts.iter()) {
+                    let Some(d) = d else { continue };
+                    if !state.is_empty() {
+                        state.push_str(", ");
                     }
                     let _ = write!(
                         state,
@@ -468,9 +515,6 @@ impl<C: Clock> RateLimitLayer<C> {
                         format::ceil_secs(d.reset_after_ns())
                     );
                 }
-            }
-            if let Ok(v) = HeaderValue::from_str(&policy) {
-                headers.insert(HeaderName::from_static("ratelimit-policy"), v);
             }
             if let Ok(v) = HeaderValue::from_str(&state) {
                 headers.insert(HeaderName::from_static("ratelimit"), v);
@@ -547,7 +591,8 @@ impl<C: Clock> RateLimitLayer<C> {
 struct Check {
     key: HttpKey,
     plan: PlanId,
-    label: String,
+    /// `None` only if the plan vanished from the tables (never, as the layer adds no plans).
+    policy: Option<Arc<Policy>>,
     detailed: Detailed,
 }
 
