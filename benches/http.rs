@@ -33,7 +33,9 @@ async fn measure(mut app: Router) -> f64 {
         let start = Instant::now();
         for i in 0..PER_RUN {
             let peer = SocketAddr::from(([10, 0, (i % 1000 / 256) as u8, (i % 256) as u8], 5000));
-            let svc = <Router as ServiceExt<Request<Body>>>::ready(&mut app).await.unwrap();
+            let svc = <Router as ServiceExt<Request<Body>>>::ready(&mut app)
+                .await
+                .unwrap();
             black_box(svc.call(request(peer)).await.unwrap());
         }
         runs.push(start.elapsed());
