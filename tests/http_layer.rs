@@ -759,3 +759,54 @@ fn config_mistakes_are_errors_with_lines() {
         ["free", "pro", "batch", "login", "global", "global_free"]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn works_on_a_plain_hyper_1_server() {
+    use std::convert::Infallible;
+
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+    use tower::{Layer, ServiceBuilder};
+
+    let clock = FakeClock::new();
+    let layer = layer(PROXIED, &clock);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = layer.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = listener.accept().await.unwrap();
+            // hyper has no connect info of its own: the peer goes in as a `SocketAddr` extension.
+            let handler = tower::service_fn(|_req: http::Request<hyper::body::Incoming>| async {
+                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hi"))))
+            });
+            let svc = ServiceBuilder::new()
+                .map_request(move |mut req: http::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(peer);
+                    req
+                })
+                .service(serving.layer(handler));
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc)),
+            );
+        }
+    });
+    let client = client_from("127.0.0.20");
+    for want in [2, 1, 0] {
+        let r = get_req(&client, addr, "/", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.body, "hi");
+        assert_eq!(r.num("x-ratelimit-remaining"), want);
+    }
+    let r = get_req(&client, addr, "/", &[]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("retry-after"), Some("20"));
+    let key = HttpKey {
+        rule: None,
+        client: ClientKey::Ip("127.0.0.20".parse().unwrap()),
+    };
+    assert!(!layer.limiter().peek(&key).is_allowed());
+}
