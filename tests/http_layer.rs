@@ -810,3 +810,32 @@ async fn works_on_a_plain_hyper_1_server() {
     };
     assert!(!layer.limiter().peek(&key).is_allowed());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_header_when_configured_and_only_that_one() {
+    let clock = FakeClock::new();
+    let src = format!("{PROXIED}forwarded_header = \"forwarded\"\n");
+    let layer = layer(&src, &clock);
+    let addr = serve(app(layer.clone())).await;
+    let proxy = client_from("127.0.0.1");
+    let fwd = [(
+        "forwarded",
+        "for=198.51.100.9;proto=http, for=\"127.0.0.1:8080\"",
+    )];
+    for want in [2, 1, 0] {
+        let r = get_req(&proxy, addr, "/", &fwd).await;
+        assert_eq!(r.num("x-ratelimit-remaining"), want);
+    }
+    // X-Forwarded-For is not the configured header: the proxy itself is the client.
+    let r = get_req(&proxy, addr, "/", &[("x-forwarded-for", "198.51.100.9")]).await;
+    assert_eq!(
+        (r.status, r.num("x-ratelimit-remaining")),
+        (StatusCode::OK, 2)
+    );
+    let key = |ip: &str| HttpKey {
+        rule: None,
+        client: ClientKey::Ip(ip.parse().unwrap()),
+    };
+    assert!(!layer.limiter().peek(&key("198.51.100.9")).is_allowed());
+    assert_eq!(layer.limiter().peek(&key("127.0.0.1")).remaining(), 1);
+}

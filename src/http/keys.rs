@@ -503,3 +503,150 @@ pub fn api_key_from_headers<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'
     // Visible ASCII is valid UTF-8.
     std::str::from_utf8(bytes).map_err(|_| KeyError::MalformedApiKey)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn x_forwarded_for_elements() {
+        use Hop::{Invalid, Ip};
+        assert_eq!(parse_x_forwarded_for(b""), []);
+        assert_eq!(parse_x_forwarded_for(b" , ,\t"), []);
+        assert_eq!(
+            parse_x_forwarded_for(b"1.2.3.4:80,[::1]:8080, ::ffff:10.0.0.1 ,2001:db8::7"),
+            [
+                Ip(ip("1.2.3.4")),
+                Ip(ip("::1")),
+                Ip(ip("::ffff:10.0.0.1")),
+                Ip(ip("2001:db8::7"))
+            ]
+        );
+        for bad in [
+            "unknown",
+            "1.2.3.4:65536",
+            "1.2.3.4:",
+            "[::1",
+            "[::1]x",
+            "::1:80x",
+            "1.2.3",
+            "[1.2.3.4]",
+            "1.2.3.4 5.6.7.8",
+            "\u{e9}",
+        ] {
+            assert_eq!(parse_x_forwarded_for(bad.as_bytes()), [Invalid], "{bad}");
+        }
+        assert_eq!(parse_x_forwarded_for(&[0xff, 0xfe]), [Invalid]);
+    }
+
+    #[test]
+    fn forwarded_elements() {
+        use Hop::{Invalid, Ip};
+        assert_eq!(parse_forwarded(b""), []);
+        assert_eq!(
+            parse_forwarded(b"FOR=192.0.2.1;by=10.0.0.1, proto=https;for=\"[2001:db8::1]:443\""),
+            [Ip(ip("192.0.2.1")), Ip(ip("2001:db8::1"))]
+        );
+        // Quoted strings may hold separators and escapes; the first `for` of an element wins.
+        assert_eq!(
+            parse_forwarded(b"host=\"a,b;c\";for=\"1.2.3\\.4\";for=5.6.7.8"),
+            [Ip(ip("1.2.3.4"))]
+        );
+        assert_eq!(
+            parse_forwarded(b"for=unknown, for=_hidden, proto=http, for=1.1.1.1,"),
+            [Invalid, Invalid, Invalid, Ip(ip("1.1.1.1"))]
+        );
+        assert_eq!(
+            parse_forwarded(b"for=1.1.1.1, for=\"2.2.2.2"),
+            [Ip(ip("1.1.1.1")), Invalid]
+        );
+        assert_eq!(
+            parse_forwarded(b"for=1.1.1.1,,for=2.2.2.2"),
+            [Ip(ip("1.1.1.1")), Ip(ip("2.2.2.2"))]
+        );
+    }
+
+    #[test]
+    fn trusted_networks() {
+        let t = TrustedProxies::parse(["10.0.0.0/8", "192.0.2.7", "2001:db8::/32", "0.0.0.0/0"]);
+        let t = t.unwrap();
+        assert!(t.contains(ip("8.8.8.8"))); // 0.0.0.0/0
+        assert!(!t.contains(ip("2001:db9::1")));
+        assert!(t.contains(ip("2001:db8:ffff::1")));
+        let none = TrustedProxies::none();
+        assert!(none.is_empty() && !none.contains(ip("127.0.0.1")));
+        let v6_all = TrustedProxies::parse(["::/0"]).unwrap();
+        assert!(v6_all.contains(ip("::1")) && !v6_all.contains(ip("127.0.0.1")));
+        for (bad, why) in [
+            ("10.0.0.0/x", "prefix length 'x' is not a number"),
+            ("::1/129", "prefix length 129 is above 128"),
+            ("fe80::1/10", "host bits are set below the /10 prefix"),
+            ("localhost", "not an IP address or CIDR network"),
+        ] {
+            let err = TrustedProxies::parse([bad]).unwrap_err().to_string();
+            assert_eq!(err, format!("trusted_proxies: '{bad}': {why}"));
+        }
+    }
+
+    #[test]
+    fn walk_right_to_left() {
+        use Hop::{Invalid, Ip};
+        let t = TrustedProxies::parse(["10.0.0.0/8"]).unwrap();
+        let peer = ip("10.0.0.1");
+        // Every hop trusted: the leftmost.
+        assert_eq!(
+            client_ip(peer, &[Ip(ip("10.9.9.9")), Ip(ip("10.0.0.2"))], &t),
+            Ok(ip("10.9.9.9"))
+        );
+        // No hop at all: the trusted peer itself.
+        assert_eq!(client_ip(peer, &[], &t), Ok(peer));
+        // A malformed hop where the walk reads it is an error; one left of the client is not.
+        assert_eq!(
+            client_ip(peer, &[Ip(ip("192.0.2.1")), Invalid], &t),
+            Err(KeyError::MalformedForwarded)
+        );
+        assert_eq!(
+            client_ip(peer, &[Invalid, Ip(ip("192.0.2.1"))], &t),
+            Ok(ip("192.0.2.1"))
+        );
+        // Mapped addresses are folded before the trust check and in the answer.
+        assert_eq!(
+            client_ip(ip("::ffff:10.0.0.1"), &[Ip(ip("::ffff:192.0.2.9"))], &t),
+            Ok(ip("192.0.2.9"))
+        );
+        // Too many hops from a trusted peer.
+        let long = vec![Ip(ip("10.0.0.3")); MAX_HOPS + 1];
+        assert_eq!(
+            client_ip(peer, &long, &t),
+            Err(KeyError::MalformedForwarded)
+        );
+        // An untrusted peer: never an error, whatever the hops.
+        assert_eq!(client_ip(ip("192.0.2.5"), &long, &t), Ok(ip("192.0.2.5")));
+    }
+
+    #[test]
+    fn api_keys() {
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", "".parse().unwrap());
+        assert_eq!(
+            api_key_from_headers(&h, "x-api-key"),
+            Err(KeyError::MalformedApiKey)
+        );
+        h.insert("x-api-key", "has space".parse().unwrap());
+        assert_eq!(
+            api_key_from_headers(&h, "x-api-key"),
+            Err(KeyError::MalformedApiKey)
+        );
+        h.insert("x-api-key", "k".repeat(MAX_KEY_LEN).parse().unwrap());
+        assert!(api_key_from_headers(&h, "x-api-key").is_ok());
+        h.insert("x-api-key", "k".repeat(MAX_KEY_LEN + 1).parse().unwrap());
+        assert_eq!(
+            api_key_from_headers(&h, "x-api-key"),
+            Err(KeyError::MalformedApiKey)
+        );
+    }
+}

@@ -309,8 +309,8 @@ impl<C: Clock> RateLimitLayer<C> {
         self.core.counters.render(&self.core.limiter.stats())
     }
 
-    /// The client key of a request head, with the configured fallback applied: `Err` carries
-    /// the 400 response for [`OnBadKey::Reject`].
+    /// The client key of a request head from the configured sources, before any
+    /// [`OnBadKey`] fallback: what the layer would key the request by, or why it cannot.
     pub fn client_key(&self, parts: &http::request::Parts) -> Result<ClientKey, KeyError> {
         let core = &self.core;
         let mut keys = Vec::with_capacity(core.config.key.len());
