@@ -468,6 +468,8 @@ impl<C: Clock> RateLimitLayer<C> {
         if checks.is_empty() {
             return;
         }
+        // One growth of the map at most, instead of one per header.
+        headers.reserve(6);
         let now = checks[0].detailed.now;
         let epoch = self.core.limiter.clock().unix_epoch_ns();
         if style.github() {
@@ -475,11 +477,11 @@ impl<C: Clock> RateLimitLayer<C> {
             for c in &checks[1..] {
                 merged.merge(&c.detailed.decision);
             }
-            insert_num(headers, "x-ratelimit-limit", merged.limit());
-            insert_num(headers, "x-ratelimit-remaining", merged.remaining());
+            insert_num(headers, X_RATELIMIT_LIMIT, merged.limit());
+            insert_num(headers, X_RATELIMIT_REMAINING, merged.remaining());
             insert_num(
                 headers,
-                "x-ratelimit-reset",
+                X_RATELIMIT_RESET,
                 format::unix_secs_at(epoch, now, merged.reset_after_ns()),
             );
         }
@@ -498,7 +500,7 @@ impl<C: Clock> RateLimitLayer<C> {
                 }
             };
             if let Some(v) = policy {
-                headers.insert(HeaderName::from_static("ratelimit-policy"), v);
+                headers.insert(RATELIMIT_POLICY, v);
             }
             let mut state = String::with_capacity(32 * checks.len());
             for c in checks {
@@ -517,7 +519,7 @@ impl<C: Clock> RateLimitLayer<C> {
                 }
             }
             if let Ok(v) = HeaderValue::from_str(&state) {
-                headers.insert(HeaderName::from_static("ratelimit"), v);
+                headers.insert(RATELIMIT, v);
             }
         }
         if checks
@@ -581,7 +583,7 @@ impl<C: Clock> RateLimitLayer<C> {
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        insert_num(h, "retry-after", retry);
+        insert_num(h, http::header::RETRY_AFTER, retry);
         self.write_headers(h, checks);
         resp
     }
@@ -610,8 +612,14 @@ fn undo_all<C: Clock>(limiter: &Limiter<HttpKey, C>, checks: &mut [Check]) {
     }
 }
 
-fn insert_num(headers: &mut HeaderMap, name: &'static str, n: u64) {
-    headers.insert(HeaderName::from_static(name), HeaderValue::from(n));
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+fn insert_num(headers: &mut HeaderMap, name: HeaderName, n: u64) {
+    headers.insert(name, HeaderValue::from(n));
 }
 
 /// The peer address from axum's `ConnectInfo<SocketAddr>` or a plain `SocketAddr` extension.
