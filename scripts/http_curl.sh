@@ -12,8 +12,11 @@ if ! command -v curl >/dev/null; then
     else sudo apt-get update -qq && sudo apt-get install -y -qq curl >/dev/null; fi
 fi
 
-cargo build --quiet --features cli
+# The binary as `cargo test --all-features` builds it for the integration tests (the CI step before
+# this one), so no dependency is compiled a second time with other features.
+cargo test --quiet --all-features --no-run 2>/dev/null
 bin=target/debug/turnstile
+[ -x "$bin" ] || { echo "FAIL: $bin was not built"; exit 1; }
 work=$(mktemp -d)
 server_pid=
 cleanup() {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use turnstile::{Algorithm, Clock, CountingAllocator, Error, FakeClock, Limiter, Quota};
 
+#[cfg(feature = "http")]
 #[path = "turnstile/serve.rs"]
 mod serve;
 
@@ -54,7 +55,7 @@ COMMANDS:
     serve   An HTTP server behind the rate-limit layer, to watch the headers count down
             with `curl -i` and the 429 arrive: GET /, POST /login, any /api/...; and
             GET /metrics (not limited) with the counters in the Prometheus text format.
-            Stops on Ctrl-C.
+            Runs until interrupted. Needs a build with `--features cli,http`.
               --config FILE     plans and [http] settings (see examples/plans.toml)
               --listen ADDR     address to listen on (default 127.0.0.1:8080)
 
@@ -155,13 +156,25 @@ fn run(args: &[String]) -> Result<(), Fail> {
             }
             let config =
                 config.ok_or_else(|| Fail::Usage("serve needs --config FILE.toml".to_string()))?;
-            serve::serve(&config, &listen)
+            serve(&config, &listen)
         }
         other if other.starts_with('-') => Err(Fail::Usage(format!("unknown option '{other}'"))),
         other => Err(Fail::Usage(format!(
             "unknown command '{other}' (expected 'demo', 'bench' or 'serve')"
         ))),
     }
+}
+
+#[cfg(feature = "http")]
+fn serve(config: &str, listen: &str) -> Result<(), Fail> {
+    serve::serve(config, listen)
+}
+
+#[cfg(not(feature = "http"))]
+fn serve(_config: &str, _listen: &str) -> Result<(), Fail> {
+    Err(Fail::Usage(
+        "this build has no HTTP server: rebuild with `--features cli,http`".to_string(),
+    ))
 }
 
 fn print_usage() -> Result<(), Fail> {

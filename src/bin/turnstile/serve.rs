@@ -10,7 +10,7 @@ use turnstile::http::{HttpConfig, RateLimitLayer};
 
 use crate::Fail;
 
-/// Serves until Ctrl-C (or SIGTERM).
+/// Serves until the process is interrupted (one runtime thread: a demo, not a production server).
 pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
     let addr: SocketAddr = listen.parse().map_err(|_| {
         Fail::Usage(format!(
@@ -22,8 +22,7 @@ pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
     let layer = RateLimitLayer::new(config)
         .map_err(|e| Fail::Run(format!("cannot build the limiter: {e}")))?;
     let plans = layer.limiter().plan_names().join(", ");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Fail::Run(format!("cannot start the runtime: {e}")))?;
@@ -51,31 +50,7 @@ pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),
         )
-        .with_graceful_shutdown(shutdown())
         .await
         .map_err(|e| Fail::Run(format!("server error: {e}")))
     })
-}
-
-async fn shutdown() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }
