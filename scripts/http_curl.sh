@@ -15,7 +15,7 @@ fi
 # The binary as `cargo test --all-features` builds it for the integration tests (the CI step before
 # this one), so no dependency is compiled a second time with other features.
 cargo test --quiet --all-features --no-run 2>/dev/null
-bin=target/debug/turnstile
+bin=${CARGO_TARGET_DIR:-target}/debug/turnstile
 [ -x "$bin" ] || { echo "FAIL: $bin was not built"; exit 1; }
 work=$(mktemp -d)
 server_pid=
