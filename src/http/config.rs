@@ -192,6 +192,28 @@ pub struct HttpConfig {
 impl HttpConfig {
     /// Plans only, every other setting at its default: clients keyed by peer address (IPv6 by
     /// /64), no trusted proxy, both header styles, the first plan for every client.
+    ///
+    /// ```
+    /// use turnstile::http::{HttpConfig, KeySource, RateLimitLayer, Rule, TrustedProxies};
+    /// use turnstile::{Plan, Quota};
+    /// let config = HttpConfig::new([
+    ///     ("free".to_string(), Plan::new([Quota::per_hour(100)])),
+    ///     ("login".to_string(), Plan::new([Quota::per_minute(5)])),
+    /// ])
+    /// .key([KeySource::ApiKey, KeySource::Ip])
+    /// .trusted_proxies(TrustedProxies::parse(["10.0.0.0/8"])?)
+    /// .rule(Rule::route("/login", "login").methods(["POST"]));
+    /// let layer = RateLimitLayer::new(config)?;
+    /// assert_eq!(layer.limiter().plan_names(), ["free", "login"]);
+    /// // A rule naming an unknown plan is an error, not a silent no-op.
+    /// let bad = HttpConfig::new([("free".to_string(), Plan::new([Quota::per_hour(100)]))])
+    ///     .rule(Rule::global("everyone"));
+    /// assert_eq!(
+    ///     RateLimitLayer::new(bad).err().unwrap().to_string(),
+    ///     "http.rules[0].plan: unknown plan 'everyone'"
+    /// );
+    /// # Ok::<(), turnstile::Error>(())
+    /// ```
     pub fn new(plans: impl IntoIterator<Item = (String, Plan)>) -> Self {
         HttpConfig {
             plans: plans.into_iter().collect(),
