@@ -10,6 +10,7 @@ echo "== redis";  bash scripts/ensure-redis.sh   # the redis feature's tests sta
 echo "== tests";  cargo test --all-features
 echo "== loom";   bash scripts/loom.sh
 echo "== demo";   cargo run --release --features cli --quiet -- demo >/dev/null
+echo "== http";   bash scripts/http_curl.sh
 echo "== bench";  cargo bench --quiet --bench check -- --test   # every criterion bench once
 TURNSTILE_BENCH=short cargo bench --quiet --bench throughput    # the harness, short mode
 echo "all tests passed"

@@ -8,6 +8,8 @@ pub(crate) mod clock;
 pub(crate) mod decision;
 pub(crate) mod error;
 pub(crate) mod guard;
+#[cfg(feature = "http")]
+pub mod http;
 pub(crate) mod ip;
 pub(crate) mod limiter;
 pub(crate) mod plan;

@@ -1149,3 +1149,192 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Sweep for Limiter<K
         self.sweep_now()
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Per-part decisions (used by the HTTP layer's headers, which list every part of a compound
+// limit). Additive: `charge_entry` above is untouched; `charge_entry_parts` is its compound loop
+// returning each part's decision next to the merged one.
+// ---------------------------------------------------------------------------------------------
+
+/// One charge with every part's decision: what [`Limiter::charge_detailed`] returns.
+#[cfg(feature = "http")]
+#[derive(Debug)]
+pub(crate) struct Detailed {
+    /// The merged decision, with the plan's strategy applied (as [`Limiter::check_in`] answers).
+    pub(crate) decision: Decision,
+    /// Each part's own decision, in the plan's quota order; `None` past the plan's parts.
+    pub(crate) parts: [Option<Decision>; MAX_PARTS],
+    /// What it takes to refund the charge (only when it was admitted and charged something).
+    pub(crate) undo: Option<Undo>,
+    /// The clock reading the decision was made at (ns since the clock's epoch).
+    pub(crate) now: u64,
+}
+
+#[cfg(feature = "http")]
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// [`check_in`](Self::check_in) (or a peek or a reservation, by `mode`) that also reports
+    /// each part's decision and can be undone with [`Part::undo_part`] on
+    /// [`key_in`](Self::key_in)`(key, plan)`. Counts in the stats like `check_in`.
+    pub(crate) fn charge_detailed(
+        &self,
+        key: &K,
+        plan: PlanId,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Detailed, Error> {
+        let book = self.book.current();
+        let plan = book.get(plan)?;
+        check_cost(plan, cost)?;
+        let mode = plan.mode(mode);
+        let now = clamp_now(self.clock.now());
+        let charged =
+            on_store!(&self.store, s => self.charge_entry_detailed(s, key, plan, now, cost, mode));
+        let (mut d, parts, tokens, retries) = match charged {
+            Some(r) => r,
+            None => {
+                let d = self.table_full(plan);
+                let mut parts = [None; MAX_PARTS];
+                for (p, rule) in parts.iter_mut().zip(plan.rules.parts.iter()) {
+                    *p = Some(Decision {
+                        limit: rule.capacity,
+                        ..d
+                    });
+                }
+                (d, parts, Tokens::default(), 0)
+            }
+        };
+        if !d.allowed && d.reason == Reason::Limited && plan.strategy == Strategy::Soft {
+            d.allowed = true;
+            d.reason = Reason::SoftLimit;
+        }
+        if mode != Mode::Peek {
+            self.counters.count(Count::of(&d), retries);
+        }
+        let charged_any = tokens.cells.iter().any(Option::is_some);
+        let undo = (d.allowed && charged_any && mode != Mode::Peek).then(|| Undo {
+            rules: Arc::clone(&plan.rules),
+            tokens,
+            cost,
+        });
+        Ok(Detailed {
+            decision: d,
+            parts,
+            undo,
+            now,
+        })
+    }
+
+    /// The entry path of [`charge_detailed`](Self::charge_detailed) on one store (the flat
+    /// store serves it from the key's spilled entry: refund tokens need one).
+    #[allow(clippy::type_complexity)]
+    fn charge_entry_detailed<S: Store<K>>(
+        &self,
+        store: &S,
+        key: &K,
+        plan: &Compiled,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Option<(Decision, [Option<Decision>; MAX_PARTS], Tokens, u32)> {
+        let run = |e: &Entry| {
+            Arc::ptr_eq(&e.rules, &plan.rules).then(|| charge_entry_parts(e, plan, now, cost, mode))
+        };
+        if mode == Mode::Peek {
+            // As in `charge_entry`: a peek writes nothing, so an entry of other rules is judged
+            // on a private migrated copy, an absent key as a fresh one.
+            let peeked = store.with(key, |e| {
+                run(e).unwrap_or_else(|| {
+                    charge_entry_parts(&e.migrate(now, &plan.rules), plan, now, cost, mode)
+                })
+            });
+            return Some(peeked.unwrap_or_else(|| {
+                charge_entry_parts(&Entry::fresh(&plan.rules, 0), plan, now, cost, mode)
+            }));
+        }
+        loop {
+            let outcome = store
+                .with_or_insert(
+                    key,
+                    || Entry::fresh(&plan.rules, self.next_entry_id()),
+                    |e| self.evictable(e, now),
+                    run,
+                )
+                .ok()?;
+            if let Some(r) = outcome {
+                return Some(r);
+            }
+            // Built for other rules (a plan change or another tier): carry it over and retry.
+            store.replace(key, |e| {
+                (!Arc::ptr_eq(&e.rules, &plan.rules)).then(|| e.migrate(now, &plan.rules))
+            });
+        }
+    }
+}
+
+/// [`charge_entry`] that also returns each part's decision (a blocked key reports the penalty on
+/// every part).
+#[cfg(feature = "http")]
+fn charge_entry_parts(
+    e: &Entry,
+    plan: &Compiled,
+    now: u64,
+    cost: u64,
+    mode: Mode,
+) -> (Decision, [Option<Decision>; MAX_PARTS], Tokens, u32) {
+    let parts = &plan.rules.parts;
+    let mut decisions: [Option<Decision>; MAX_PARTS] = [None; MAX_PARTS];
+    let blocked = e.blocked_until();
+    if blocked > now {
+        let wait = blocked - now;
+        let d = Decision {
+            limit: parts[0].capacity,
+            reset_after_ns: wait,
+            ..Decision::denied(Reason::Blocked, wait)
+        };
+        for (slot, rule) in decisions.iter_mut().zip(parts.iter()) {
+            *slot = Some(Decision {
+                limit: rule.capacity,
+                ..d
+            });
+        }
+        return (d, decisions, Tokens::default(), 0);
+    }
+    let mut tokens = Tokens {
+        entry: e.id,
+        ..Tokens::default()
+    };
+    let mut retries = 0;
+    let mut denied_at = None;
+    for (i, (cell, rule)) in e.cells().iter().zip(parts.iter()).enumerate() {
+        let m = if denied_at.is_some() {
+            Mode::Peek
+        } else {
+            mode
+        };
+        let a = cell.apply(now, cost, rule, plan.headroom, m);
+        retries += a.retries;
+        if denied_at.is_none() {
+            tokens.cells[i] = a.token;
+            if !a.decision.allowed {
+                denied_at = Some(i);
+                refund(e, parts, cost, &mut tokens, now);
+            }
+        }
+        decisions[i] = Some(a.decision);
+    }
+    // Parts charged and then refunded report what they hold without this request.
+    if let Some(at) = denied_at {
+        for d in decisions[..at].iter_mut().flatten() {
+            d.remaining = (d.remaining + cost).min(d.limit);
+        }
+    }
+    let mut merged: Option<Decision> = None;
+    for d in decisions.iter().flatten() {
+        match &mut merged {
+            Some(m) => m.merge(d),
+            None => merged = Some(*d),
+        }
+    }
+    let d = merged.unwrap_or_else(|| Decision::denied(Reason::Limited, 0));
+    (d, decisions, tokens, retries)
+}

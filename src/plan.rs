@@ -186,9 +186,28 @@ pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
 impl PlanConfig {
     /// Parses a TOML document.
     pub fn parse(src: &str) -> Result<PlanConfig, Error> {
-        let ctx = Ctx { src };
         let file: File = toml::from_str(src).map_err(|e| toml_error(src, &e))?;
-        let mut tables: Vec<(String, Spanned<RawPlan>)> = file.plans.into_iter().collect();
+        Self::from_tables(src, file.plans)
+    }
+
+    /// Parses the `[plans.*]` tables of a document that also holds other top-level tables (the
+    /// HTTP layer's `[http]`, which its own parser checks).
+    #[cfg(feature = "http")]
+    pub(crate) fn parse_plans_section(src: &str) -> Result<PlanConfig, Error> {
+        #[derive(Deserialize)]
+        struct Loose {
+            plans: std::collections::BTreeMap<String, Spanned<RawPlan>>,
+        }
+        let file: Loose = toml::from_str(src).map_err(|e| toml_error(src, &e))?;
+        Self::from_tables(src, file.plans)
+    }
+
+    fn from_tables(
+        src: &str,
+        plans: std::collections::BTreeMap<String, Spanned<RawPlan>>,
+    ) -> Result<PlanConfig, Error> {
+        let ctx = Ctx { src };
+        let mut tables: Vec<(String, Spanned<RawPlan>)> = plans.into_iter().collect();
         // File order: the first plan is the default one.
         tables.sort_by_key(|(_, p)| p.span().start);
         if tables.is_empty() {

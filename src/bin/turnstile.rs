@@ -13,6 +13,10 @@ use std::time::{Duration, Instant};
 
 use turnstile::{Algorithm, Clock, CountingAllocator, Error, FakeClock, Limiter, Quota};
 
+#[cfg(feature = "http")]
+#[path = "turnstile/serve.rs"]
+mod serve;
+
 /// Live heap bytes, for the demo's "bytes per key" column.
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator;
@@ -31,6 +35,7 @@ turnstile: a keyed rate limiter, demonstrated
 USAGE:
     turnstile demo [--plot FILE.svg] [--seconds N]
     turnstile bench [--keys N] [--seconds S]
+    turnstile serve --config FILE.toml [--listen ADDRESS:PORT]
     turnstile --help
 
 COMMANDS:
@@ -47,6 +52,12 @@ COMMANDS:
             deny-heavy one (1 per hour, after the unit is spent).
               --keys N          distinct keys, checked in turn (default 1000)
               --seconds S       wall time per algorithm (default 0.2)
+    serve   An HTTP server behind the rate-limit layer, to watch the headers count down
+            with `curl -i` and the 429 arrive: GET /, POST /login, any /api/...; and
+            GET /metrics (not limited) with the counters in the Prometheus text format.
+            Runs until interrupted. Needs a build with `--features cli,http`.
+              --config FILE     plans and [http] settings (see examples/plans.toml)
+              --listen ADDR     address to listen on (default 127.0.0.1:8080)
 
 Options accept `--name value` or `--name=value`.
 ";
@@ -130,11 +141,40 @@ fn run(args: &[String]) -> Result<(), Fail> {
             }
             bench(keys, seconds)
         }
+        "serve" => {
+            let opts = parse_options(rest, &["--config", "--listen"])?;
+            if opts.help {
+                return print_usage();
+            }
+            let mut config = None;
+            let mut listen = "127.0.0.1:8080".to_string();
+            for (name, value) in opts.values {
+                match name {
+                    "--config" => config = Some(value),
+                    _ => listen = value,
+                }
+            }
+            let config =
+                config.ok_or_else(|| Fail::Usage("serve needs --config FILE.toml".to_string()))?;
+            serve(&config, &listen)
+        }
         other if other.starts_with('-') => Err(Fail::Usage(format!("unknown option '{other}'"))),
         other => Err(Fail::Usage(format!(
-            "unknown command '{other}' (expected 'demo' or 'bench')"
+            "unknown command '{other}' (expected 'demo', 'bench' or 'serve')"
         ))),
     }
+}
+
+#[cfg(feature = "http")]
+fn serve(config: &str, listen: &str) -> Result<(), Fail> {
+    serve::serve(config, listen)
+}
+
+#[cfg(not(feature = "http"))]
+fn serve(_config: &str, _listen: &str) -> Result<(), Fail> {
+    Err(Fail::Usage(
+        "this build has no HTTP server: rebuild with `--features cli,http`".to_string(),
+    ))
 }
 
 fn print_usage() -> Result<(), Fail> {

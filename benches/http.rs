@@ -1,0 +1,72 @@
+//! The HTTP layer's cost per request, in process (no sockets): the same axum router called
+//! directly with and without `RateLimitLayer`, for each header style, median of 5 runs, and the
+//! difference printed next to the baseline.
+//!
+//! `cargo bench --features http --bench http` (about 30 s after the build). Loopback numbers,
+//! sockets included, come from `cargo test --release --features http --test http_load -- --nocapture`.
+
+use std::hint::black_box;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use http::Request;
+use tower::{Service, ServiceExt};
+use turnstile::http::{HttpConfig, RateLimitLayer};
+
+const PER_RUN: u32 = 100_000;
+const RUNS: usize = 5;
+
+fn request(peer: SocketAddr) -> Request<Body> {
+    let mut r = Request::get("/").body(Body::empty()).unwrap();
+    r.extensions_mut().insert(ConnectInfo(peer));
+    r
+}
+
+/// Median ns per request of `RUNS` runs of `PER_RUN` requests, each from one of 1000 peers.
+async fn measure(mut app: Router) -> f64 {
+    let mut runs = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        let start = Instant::now();
+        for i in 0..PER_RUN {
+            let peer = SocketAddr::from(([10, 0, (i % 1000 / 256) as u8, (i % 256) as u8], 5000));
+            let svc = <Router as ServiceExt<Request<Body>>>::ready(&mut app)
+                .await
+                .unwrap();
+            black_box(svc.call(request(peer)).await.unwrap());
+        }
+        runs.push(start.elapsed());
+    }
+    runs.sort();
+    let median: Duration = runs[RUNS / 2];
+    median.as_nanos() as f64 / f64::from(PER_RUN)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let hello = || Router::new().route("/", get(|| async { "hello" }));
+        let base = measure(hello()).await;
+        println!("http: axum router alone (baseline)            {base:8.0} ns/request");
+        for style in ["none", "github", "ietf", "both"] {
+            let config = HttpConfig::parse(&format!(
+                "[plans.all]\nlimit = 1000000000\nwindow = \"1s\"\n[http]\nheaders = \"{style}\"\n"
+            ))
+            .unwrap()
+            .sweep_interval(None);
+            let layer = RateLimitLayer::new(config).unwrap();
+            let t = measure(hello().layer(layer)).await;
+            println!(
+                "http: with the layer, headers = {style:<7}        {t:8.0} ns/request  (+{:.0} ns, {:.2}x the baseline)",
+                t - base,
+                t / base
+            );
+        }
+    });
+}

@@ -1,0 +1,169 @@
+//! The layer's own counters and the Prometheus text rendering.
+
+use std::fmt::Write as _;
+
+use crate::stats::Stats;
+use crate::sync::{AtomicU64, Ordering};
+
+/// Counters the layer bumps per request. Relaxed everywhere: statistics, each add one RMW so
+/// none is lost, read as an approximate snapshot (no other memory depends on them).
+#[derive(Default)]
+pub(crate) struct HttpCounters {
+    requests: AtomicU64,
+    limited: AtomicU64,
+    soft_passed: AtomicU64,
+    queued: AtomicU64,
+    queued_wait_ns: AtomicU64,
+    bad_key: AtomicU64,
+    rejected_bad_key: AtomicU64,
+    unknown_plan: AtomicU64,
+    internal_errors: AtomicU64,
+}
+
+impl HttpCounters {
+    pub(crate) fn request(&self) {
+        // Relaxed: a statistic (see the type's doc).
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn limited(&self) {
+        // Relaxed: a statistic.
+        self.limited.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn soft_passed(&self) {
+        // Relaxed: a statistic.
+        self.soft_passed.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn queued(&self, wait_ns: u64) {
+        // Relaxed: statistics; the two adds need not be seen together.
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        self.queued_wait_ns.fetch_add(wait_ns, Ordering::Relaxed);
+    }
+    pub(crate) fn bad_key(&self) {
+        // Relaxed: a statistic.
+        self.bad_key.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn rejected_bad_key(&self) {
+        // Relaxed: a statistic.
+        self.rejected_bad_key.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn unknown_plan(&self) {
+        // Relaxed: a statistic.
+        self.unknown_plan.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn internal_error(&self) {
+        // Relaxed: a statistic.
+        self.internal_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Prometheus text exposition format (version 0.0.4).
+    pub(crate) fn render(&self, stats: &Stats) -> String {
+        // Relaxed loads: an approximate snapshot is what a scrape is.
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut out = String::with_capacity(2048);
+        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (labels, v) in samples {
+                let _ = writeln!(out, "{name}{labels} {v}");
+            }
+        };
+        metric(
+            "turnstile_decisions_total",
+            "counter",
+            "Limiter decisions by outcome (one per limit checked).",
+            &[
+                ("{outcome=\"allowed\"}", stats.allowed),
+                ("{outcome=\"denied\"}", stats.denied),
+                ("{outcome=\"soft_passed\"}", stats.soft_passed),
+                ("{outcome=\"table_full\"}", stats.table_full),
+            ],
+        );
+        metric(
+            "turnstile_keys",
+            "gauge",
+            "Keys tracked now.",
+            &[("", stats.keys)],
+        );
+        metric(
+            "turnstile_evictions_total",
+            "counter",
+            "Fresh keys evicted to make room.",
+            &[("", stats.evictions)],
+        );
+        metric(
+            "turnstile_swept_keys_total",
+            "counter",
+            "Keys removed by sweeping.",
+            &[("", stats.swept)],
+        );
+        metric(
+            "turnstile_cas_retries_total",
+            "counter",
+            "Compare-and-swap attempts lost to another thread.",
+            &[("", stats.cas_retries)],
+        );
+        metric(
+            "turnstile_http_requests_total",
+            "counter",
+            "Requests seen by the layer.",
+            &[("", get(&self.requests))],
+        );
+        metric(
+            "turnstile_http_limited_total",
+            "counter",
+            "Requests answered 429.",
+            &[("", get(&self.limited))],
+        );
+        metric(
+            "turnstile_http_soft_passed_total",
+            "counter",
+            "Requests over a soft limit, passed with a warning.",
+            &[("", get(&self.soft_passed))],
+        );
+        metric(
+            "turnstile_http_queued_total",
+            "counter",
+            "Requests held by the queue strategy before passing.",
+            &[("", get(&self.queued))],
+        );
+        metric(
+            "turnstile_http_queued_seconds_total",
+            "counter",
+            "Total time requests were held by the queue strategy.",
+            &[],
+        );
+        let ns = get(&self.queued_wait_ns);
+        let _ = writeln!(
+            out,
+            "turnstile_http_queued_seconds_total {}.{:09}",
+            ns / 1_000_000_000,
+            ns % 1_000_000_000
+        );
+        let mut metric = |name: &str, help: &str, v: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {v}");
+        };
+        metric(
+            "turnstile_http_bad_key_total",
+            "Requests whose client key could not be taken (fallback applied).",
+            get(&self.bad_key),
+        );
+        metric(
+            "turnstile_http_rejected_bad_key_total",
+            "Requests answered 400 for a bad key.",
+            get(&self.rejected_bad_key),
+        );
+        metric(
+            "turnstile_http_unknown_plan_total",
+            "Resolver answers naming an unknown plan (default plan used).",
+            get(&self.unknown_plan),
+        );
+        metric(
+            "turnstile_http_internal_errors_total",
+            "Requests answered 500 because the limiter refused the configuration.",
+            get(&self.internal_errors),
+        );
+        out
+    }
+}
