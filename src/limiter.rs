@@ -959,3 +959,16 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Sweep for Limiter<K
         self.sweep_now()
     }
 }
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// Keys held in each shard of the map, in shard order (for the hash-flood test: how evenly
+    /// the per-process random hasher spreads keys an attacker chose).
+    ///
+    /// Contention: takes each shard's read lock in turn.
+    #[doc(hidden)]
+    pub fn shard_loads(&self) -> Vec<usize> {
+        (0..self.store.shards())
+            .map(|s| self.store.shard_len(s))
+            .collect()
+    }
+}

@@ -16,7 +16,7 @@ pub(crate) use std::sync::atomic::AtomicUsize as StaticAtomicUsize;
 #[cfg(turnstile_loom)]
 pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 #[cfg(turnstile_loom)]
-pub(crate) use loom::sync::{Mutex, MutexGuard};
+pub(crate) use loom::sync::{Mutex, MutexGuard, RwLock};
 
 /// Locks `m`, recovering the data if a panicking thread poisoned it.
 ///

@@ -35,12 +35,21 @@ pub(crate) struct Applied {
     pub(crate) retries: u32,
 }
 
+/// The ordering of the loads in [`update`]: `Acquire`, except in the deliberately broken build
+/// `--cfg turnstile_broken="relaxed"` (scripts/must-fail.sh), which the loom suite must catch.
+const ACQUIRE: Ordering = if cfg!(turnstile_broken = "relaxed") {
+    Ordering::Relaxed
+} else {
+    Ordering::Acquire
+};
+
 /// Applies `step` to `cell` until it sticks: the only retry loop in the crate.
 ///
 /// `step` may run several times (once per lost race), each time on the freshest value; it must
 /// be a pure function of its argument. When it returns a denial the loop ends after a plain load,
 /// with no write. Returns the decision, the state written (if any) and the number of retries.
 #[inline]
+#[cfg_attr(turnstile_broken = "load_store", allow(unreachable_code))]
 pub(crate) fn update(
     cell: &AtomicU64,
     mut step: impl FnMut(u64) -> Step<u64>,
@@ -48,18 +57,27 @@ pub(crate) fn update(
     // Acquire: pairs with the AcqRel exchange below (and the Release stores of reset and
     // migration), so a thread that reads a state reads the latest one other threads published;
     // Relaxed would also be correct for the count itself (one word, one modification order), but
-    // Acquire costs nothing on x86 and keeps a denial ordered after the admissions it counted.
-    let mut current = cell.load(Ordering::Acquire);
+    // Acquire costs nothing on x86 and keeps a denial ordered after the admissions it counted
+    // (the loom model `denial_sees_what_admissions_published` checks exactly that).
+    let mut current = cell.load(ACQUIRE);
     let mut retries = 0;
     loop {
         let Step { decision, next } = step(current);
         let Some(next) = next else {
             return (decision, None, retries);
         };
+        // Deliberately broken cell for scripts/must-fail.sh: a load then a plain store, so two
+        // racing charges can both decide on the same state and one overwrites the other.
+        #[cfg(turnstile_broken = "load_store")]
+        {
+            // Release: publishes like the exchange would; the bug is the missing compare.
+            cell.store(next, Ordering::Release);
+            return (decision, Some(next), retries);
+        }
         // AcqRel on success: this charge is ordered with every other charge of the cell (they
         // all RMW the same word, so whichever exchange comes first, the second sees its value and
         // decides on it). On failure we get the value that beat us and decide again (Acquire).
-        match cell.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+        match cell.compare_exchange_weak(current, next, Ordering::AcqRel, ACQUIRE) {
             Ok(_) => return (decision, Some(next), retries),
             Err(actual) => {
                 current = actual;
