@@ -45,12 +45,14 @@ for t in "${targets[@]}"; do
     # New inputs go to the scratch folder; the committed corpus is only read.
     status=0
     cargo +nightly fuzz run "$t" "$work/$t" "corpus/$t" -- \
-        -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+        -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         >"$work/$t.log" 2>&1 || status=$?
     grep -E '^Done [0-9]+ runs' "$work/$t.log" || true
     if [[ "$status" != 0 ]]; then
-        echo "fuzz target $t FAILED (exit $status); last lines:"
-        tail -60 "$work/$t.log"
+        echo "fuzz target $t FAILED (exit $status):"
+        grep -m1 -A6 -E 'panicked|ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)' "$work/$t.log" || true
+        grep -E 'Test unit written|Reproduce with|cargo fuzz run' "$work/$t.log" || true
+        tail -12 "$work/$t.log"
         exit 1
     fi
     runs="$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$work/$t.log" | grep -oE '[0-9]+$' || echo '?')"

@@ -18,6 +18,6 @@ trap 'rm -f "$log"' EXIT
 status=0
 cargo test --release --tests "$@" -- --nocapture --test-threads=1 2>&1 | tee "$log" || status=$?
 echo "== loom summary (LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS)"
-grep -E '^loom model .*: [0-9]+ interleavings$' "$log" || true
-echo "$(grep -cE '^loom model ' "$log" || true) models"
+grep -oE 'loom model .*: [0-9]+ interleavings' "$log" || true
+echo "$(grep -cE 'loom model .*: [0-9]+ interleavings' "$log" || true) models"
 exit "$status"

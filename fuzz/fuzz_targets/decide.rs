@@ -64,6 +64,26 @@ fn later(now: u64, d: u64) -> Option<u64> {
     now.checked_add(d).filter(|&t| t <= MAX_NOW)
 }
 
+/// The inputs of the check running now, printed by the panic hook if an assertion fails
+/// (libFuzzer aborts on a panic, so nothing unwinds).
+static CONTEXT: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+fn set_context(text: String) {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if let Ok(c) = CONTEXT.try_lock() {
+                eprintln!("failing case: {c}");
+            }
+            previous(info);
+        }));
+    });
+    *CONTEXT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = text;
+}
+
 fn check_word(r: &FuzzRule, u: &mut Unstructured) -> Result<()> {
     let cap = r.capacity();
     let headroom = u.int_in_range(0..=cap - 1)?;
@@ -83,6 +103,9 @@ fn check_word(r: &FuzzRule, u: &mut Unstructured) -> Result<()> {
         }
     }
     let cost = u.int_in_range(1..=usable)?;
+    set_context(format!(
+        "{r:?}, state {state:#x}, now {now}, cost {cost}, headroom {headroom}"
+    ));
     let out = r.decide(state, now, cost, headroom);
     assert_eq!(out, r.decide(state, now, cost, headroom), "not pure");
     let (d, next) = out;
@@ -206,7 +229,7 @@ fn check_reserve(
     let (t, tolerance) = r.emission_tolerance();
     let max_delay = match u.arbitrary::<u8>()? % 3 {
         0 => 0,
-        1 => u.int_in_range(0..=10 * t)?,
+        1 => u.int_in_range(0..=t.saturating_mul(10))?,
         _ => u.arbitrary::<u64>()? >> 2,
     };
     let (d, next): Outcome = r.reserve(state, now, cost, max_delay, headroom);
@@ -260,7 +283,7 @@ fn check_log(r: &FuzzRule, u: &mut Unstructured) -> Result<()> {
     let mut log = FuzzLog::default();
     // Everything admitted: (stamp, cost).
     let mut admitted: Vec<(u64, u64)> = Vec::new();
-    let mut now = u.int_in_range(0..=1_000_000_000_000)?;
+    let mut now: u64 = u.int_in_range(0..=1_000_000_000_000)?;
     for _ in 0..u.int_in_range(1..=64)? {
         now = match u.arbitrary::<u8>()? % 4 {
             0 => {
@@ -286,7 +309,7 @@ fn check_log(r: &FuzzRule, u: &mut Unstructured) -> Result<()> {
             // At most `cap` units stamped within any period ending at this stamp.
             let window: u64 = admitted
                 .iter()
-                .filter(|&&(s, _)| s + p > stamp && s <= stamp)
+                .filter(|&&(s, _)| s <= stamp && stamp - s < p)
                 .map(|&(_, c)| c)
                 .sum();
             assert!(
@@ -332,7 +355,6 @@ fn check_log(r: &FuzzRule, u: &mut Unstructured) -> Result<()> {
                 assert!(log.is_fresh(t, p), "not fresh at reset_after");
             }
         }
-        assert!(log.len() <= admitted.len());
     }
     Ok(())
 }

@@ -9,7 +9,7 @@
 //! against checks, compound refunds. dashmap itself is trusted, not model-checked.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 
 use super::{Entry, Full, OnFull, Store};
 use crate::sync::{AtomicUsize, Ordering, RwLock};
