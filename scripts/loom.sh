@@ -18,6 +18,7 @@ trap 'rm -f "$log"' EXIT
 status=0
 cargo test --release --tests "$@" -- --nocapture --test-threads=1 2>&1 | tee "$log" || status=$?
 echo "== loom summary (LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS)"
-grep -oE 'loom model .*: [0-9]+ interleavings' "$log" || true
-echo "$(grep -cE 'loom model .*: [0-9]+ interleavings' "$log" || true) models"
+# Every model prints "<name>: <n> interleavings" (after cargo's "test <fn> ... " when captured).
+grep -E ': [0-9]+ interleavings' "$log" | sed -E 's/^test [^ ]+ \.\.\. //' || true
+echo "$(grep -cE ': [0-9]+ interleavings' "$log" || true) models"
 exit "$status"

@@ -26,6 +26,10 @@ const PERIODS: [u64; 7] = [
     1_500 * MS,
     60_000 * MS,
 ];
+/// Whether a peek at a key built for older rules carries the key over for good (this branch's
+/// limiter) or only judges a private carried-over copy (the flat-store limiter on main): flip it
+/// when the engine changes.
+const PEEK_MIGRATES: bool = true;
 /// Units of a clock move in ns.
 const STEPS: [u64; 4] = [1, 1_000, MS, 10 * MS];
 
@@ -82,6 +86,11 @@ impl Reference {
         let (params, id, epoch) = (self.params, self.rules_id, self.epoch);
         if let Some(k) = self.keys.get_mut(&key) {
             if k.rules_id != id {
+                if call == Call::Peek && !PEEK_MIGRATES {
+                    let mut copy = k.clone();
+                    copy.migrate(now, params, id);
+                    return Ok(copy.call(now, n, call));
+                }
                 k.migrate(now, params, id);
             }
             return Ok(k.call(now, n, call));
