@@ -11,8 +11,10 @@ use turnstile_loom_tests::model;
 
 const S: u64 = 1_000_000_000;
 
+/// A limiter on two shards with room for a handful of keys (a store sized for the default
+/// million keys would give loom a million objects to track).
 fn limiter(quotas: &[Quota], clock: &FakeClock) -> Limiter<u64, FakeClock> {
-    let mut b = Limiter::<u64>::builder().shards(2);
+    let mut b = Limiter::<u64>::builder().shards(2).max_keys(4);
     for q in quotas {
         b = b.quota(*q);
     }
@@ -131,6 +133,8 @@ fn compound_rollback_across_keys() {
         let users = Arc::new(limiter(&[Quota::per_second(3)], &clock));
         let global = Arc::new(
             Limiter::<()>::builder()
+                .shards(2)
+                .max_keys(4)
                 .quota(Quota::per_second(1))
                 .clock(clock.clone())
                 .build()
