@@ -59,7 +59,9 @@ fn key_flood_stays_within_the_cap() {
     let keys = flood_keys();
     let cap = (keys / 10) as usize;
     let clock = FakeClock::new();
+    // Heap through the allocator, and resident memory (a store may map its table directly).
     let heap_before = CountingAllocator::live_bytes();
+    let rss_before = proc_status_bytes("VmRSS:").unwrap_or(0);
     let l = Limiter::<u64>::builder()
         .quota(Quota::per_second(10))
         .max_keys(cap)
@@ -87,7 +89,10 @@ fn key_flood_stays_within_the_cap() {
             assert!(l.len() <= cap, "{} keys tracked, cap {cap}", l.len());
         }
         if l.len() == cap && heap_at_cap.is_none() {
-            heap_at_cap = Some(CountingAllocator::live_bytes());
+            heap_at_cap = Some((
+                CountingAllocator::live_bytes(),
+                proc_status_bytes("VmRSS:").unwrap_or(0),
+            ));
         }
     }
     assert_eq!(l.len(), cap);
@@ -101,12 +106,18 @@ fn key_flood_stays_within_the_cap() {
     assert_eq!(stats.table_full, table_full);
     assert_eq!(stats.allowed, admitted + 3);
     // Memory stopped growing when the table filled: 9M more keys added nothing.
-    let heap_at_cap = heap_at_cap.expect("the table filled");
+    let (heap_at_cap, rss_at_cap) = heap_at_cap.expect("the table filled");
     let heap_after = CountingAllocator::live_bytes();
+    let rss_after = proc_status_bytes("VmRSS:").unwrap_or(0);
     assert!(
         heap_after <= heap_at_cap + 64 * 1024,
         "heap grew {} bytes after the table was full",
         heap_after - heap_at_cap
+    );
+    assert!(
+        rss_after <= rss_at_cap + 16 * 1024 * 1024,
+        "resident memory grew {} bytes after the table was full",
+        rss_after - rss_at_cap
     );
     // A tracked flooding key holds its own quota (9 of 10 left), no more; an untracked one is
     // still denied.
@@ -119,16 +130,19 @@ fn key_flood_stays_within_the_cap() {
         assert_eq!(d.remaining(), left);
     }
     assert_eq!(l.check(&VICTIM).reason(), Reason::Limited);
-    let bytes_per_key = (heap_after - heap_before) as f64 / cap as f64;
+    let heap_per_key = (heap_after - heap_before) as f64 / cap as f64;
+    let rss_per_key = rss_after.saturating_sub(rss_before) as f64 / cap as f64;
     // A key's slot, its u64 and one cell, with the hash table's spare capacity: far below this.
-    assert!(bytes_per_key < 256.0, "{bytes_per_key} bytes per key");
+    assert!(heap_per_key < 256.0, "{heap_per_key} heap bytes per key");
+    assert!(rss_per_key < 256.0, "{rss_per_key} resident bytes per key");
     println!(
         "key flood: {keys} unique keys, cap {cap}: {} tracked, {admitted} admitted, {table_full} \
-         denied as table-full; heap {:.1} MiB = {bytes_per_key:.1} bytes per key; VmRSS {:.1} MiB, \
-         peak RSS (VmHWM) {:.1} MiB",
+         denied as table-full; heap {:.1} MiB = {heap_per_key:.1} bytes per key; resident growth \
+         {:.1} MiB = {rss_per_key:.1} bytes per key; VmRSS {:.1} MiB, peak RSS (VmHWM) {:.1} MiB",
         l.len(),
         (heap_after - heap_before) as f64 / MB,
-        proc_status_bytes("VmRSS:").unwrap_or(0) as f64 / MB,
+        rss_after.saturating_sub(rss_before) as f64 / MB,
+        rss_after as f64 / MB,
         proc_status_bytes("VmHWM:").unwrap_or(0) as f64 / MB,
     );
 }
