@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Every test: format, lints, unit + integration + doc tests, the loom models, and a short bench
-# smoke run. Installs what it needs. Expected run time on a 2-core machine: see README.
+# Every test: format, lints, unit + integration + doc tests, the loom models, the key/hash flood
+# and real-clock tests (release, full size), the must-fail run against the deliberately broken
+# cell, every fuzz target for 30 s, and a short demo run. Installs what it needs (nightly and
+# cargo-fuzz for the fuzz step). Expected run time on a 2-core machine: see README.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +11,9 @@ echo "== clippy"; cargo clippy --all-targets --all-features -- -D warnings
 echo "== redis";  bash scripts/ensure-redis.sh   # the redis feature's tests start real servers
 echo "== tests";  cargo test --all-features
 echo "== loom";   bash scripts/loom.sh
+echo "== flood";  cargo test --release --test flood -- --nocapture --test-threads=1
+echo "== must-fail"; bash scripts/must-fail.sh
+echo "== fuzz";   bash scripts/fuzz.sh
 echo "== demo";   cargo run --release --features cli --quiet -- demo >/dev/null
 echo "== http";   bash scripts/http_curl.sh
 echo "== bench";  cargo bench --quiet --bench check -- --test   # every criterion bench once

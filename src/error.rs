@@ -13,6 +13,14 @@ pub enum Error {
     ZeroPeriod,
     /// A quota's `burst` is zero.
     ZeroBurst,
+    /// A quota's period is longer than [`Quota::MAX_PERIOD`](crate::Quota::MAX_PERIOD) (2^62 ns,
+    /// about 146 years): window arithmetic on it could not stay below 2^64 ns.
+    PeriodTooLong {
+        /// The quota's period in nanoseconds (saturated at `u64::MAX`).
+        period_ns: u64,
+        /// The longest period accepted, in nanoseconds.
+        max_ns: u64,
+    },
     /// More than one unit per nanosecond: `limit` per `period_ns` cannot be represented.
     RateTooHigh {
         /// The quota's limit.
@@ -75,6 +83,10 @@ impl fmt::Display for Error {
             Error::ZeroLimit => f.write_str("quota limit is 0: a limit must be at least 1"),
             Error::ZeroPeriod => f.write_str("quota period is 0: a period must be at least 1 ns"),
             Error::ZeroBurst => f.write_str("quota burst is 0: a burst must be at least 1"),
+            Error::PeriodTooLong { period_ns, max_ns } => write!(
+                f,
+                "quota period {period_ns} ns is too long (at most {max_ns} ns, about 146 years)"
+            ),
             Error::RateTooHigh { limit, period_ns } => write!(
                 f,
                 "quota limit {limit} per {period_ns} ns is more than one unit per nanosecond"

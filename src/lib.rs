@@ -28,6 +28,10 @@ mod tests;
 #[doc(hidden)]
 pub mod loom_api;
 
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzz_api;
+
 pub use alloc::CountingAllocator;
 pub use clock::{Clock, FAKE_UNIX_EPOCH_S, FakeClock, MonotonicClock};
 pub use decision::{Decision, Reason};

@@ -1338,3 +1338,14 @@ fn charge_entry_parts(
     let d = merged.unwrap_or_else(|| Decision::denied(Reason::Limited, 0));
     (d, decisions, tokens, retries)
 }
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// Keys held in each shard of the map, in shard order (for the hash-flood test: how evenly
+    /// the per-process random hasher spreads keys an attacker chose).
+    ///
+    /// Contention: takes each shard's read lock in turn.
+    #[doc(hidden)]
+    pub fn shard_loads(&self) -> Vec<usize> {
+        on_store!(&self.store, s => (0..s.shards()).map(|i| s.shard_len(i)).collect())
+    }
+}

@@ -51,6 +51,25 @@ impl ModelCell {
     pub fn refund(&self, cost: u64, token: u64, now: u64) {
         self.cell.refund(cost, &self.rule, token, now);
     }
+    /// Reserves `cost` at `now`, at most `max_delay` ns ahead (the queue).
+    pub fn reserve(&self, now: u64, cost: u64, max_delay: u64) -> Outcome {
+        let a = self
+            .cell
+            .apply(now, cost, &self.rule, 0, Mode::Reserve(max_delay));
+        Outcome {
+            allowed: a.decision.allowed,
+            token: a.token,
+            retries: a.retries,
+        }
+    }
+    /// The raw packed word of a word cell (`None` for a log), read with `Acquire` like a check.
+    pub fn state(&self) -> Option<u64> {
+        match &self.cell {
+            // Acquire: as in `cell::update`.
+            Cell::Word(w) => Some(w.load(crate::sync::Ordering::Acquire)),
+            Cell::Log(_) => None,
+        }
+    }
     /// True when the cell is fresh at `now`.
     pub fn is_fresh(&self, now: u64) -> bool {
         self.cell.is_fresh(now, &self.rule)

@@ -107,6 +107,18 @@ impl Quota {
             algorithm: Algorithm::TokenBucket,
         }
     }
+    /// The longest period a quota may have: 2^62 ns, about 146 years. Longer is
+    /// [`Error::PeriodTooLong`]: with times below 2^63 ns, a time plus a period always fits.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Error, Limiter, Quota};
+    /// let centuries = Quota::new(1, Quota::MAX_PERIOD + Duration::from_nanos(1));
+    /// let built = Limiter::<u64>::builder().quota(centuries).build();
+    /// assert!(matches!(built, Err(Error::PeriodTooLong { .. })));
+    /// ```
+    pub const MAX_PERIOD: Duration = Duration::from_nanos(MAX_TOLERANCE_NS);
+
     /// `limit` per second.
     pub fn per_second(limit: u64) -> Self {
         Self::new(limit, Duration::from_secs(1))
@@ -166,6 +178,12 @@ impl Quota {
         }
         if self.period_ns == 0 {
             return Err(Error::ZeroPeriod);
+        }
+        if self.period_ns > MAX_TOLERANCE_NS {
+            return Err(Error::PeriodTooLong {
+                period_ns: self.period_ns,
+                max_ns: MAX_TOLERANCE_NS,
+            });
         }
         let burst = self.burst_size();
         if burst == 0 {

@@ -2,63 +2,98 @@
 //!
 //! Each model prints how many interleavings loom explored.
 
-use std::sync::atomic::{AtomicUsize, Ordering as StdOrdering};
 use std::time::Duration;
 
+use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::thread;
 use turnstile::loom_api::ModelCell;
-use turnstile::{Algorithm, Clock, FakeClock, Quota};
-
-/// Runs `f` under loom and prints the number of interleavings explored.
-fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
-    let runs = std::sync::Arc::new(AtomicUsize::new(0));
-    let counter = std::sync::Arc::clone(&runs);
-    loom::model(move || {
-        counter.fetch_add(1, StdOrdering::Relaxed);
-        f();
-    });
-    println!("{name}: {} interleavings", runs.load(StdOrdering::Relaxed));
-}
+use turnstile::{Algorithm, Quota};
+use turnstile_loom_tests::model;
 
 fn quota(alg: Algorithm, limit: u64, burst: u64) -> Quota {
-    Quota::new(limit, Duration::from_secs(1)).burst(burst).algorithm(alg)
+    Quota::new(limit, Duration::from_secs(1))
+        .burst(burst)
+        .algorithm(alg)
 }
 
-/// Two threads, two checks each, capacity 2: exactly 2 admitted, never more.
+/// Two threads, two checks each, capacity 2: exactly 2 admitted, never more; the state each
+/// thread reads after its calls never goes back (TAT, window and counts only grow at a frozen
+/// clock); the final state is exactly the one two sequential admissions write; a denial wrote
+/// nothing.
 fn admitted_never_exceeds(alg: Algorithm) {
     let cell = Arc::new(ModelCell::new(quota(alg, 2, 2)));
     let handles: Vec<_> = (0..2)
         .map(|_| {
             let cell = cell.clone();
-            thread::spawn(move || (0..2).filter(|_| cell.check(0, 1).allowed).count())
+            thread::spawn(move || {
+                let mut admitted = 0;
+                let mut seen = cell.state();
+                for _ in 0..2 {
+                    if cell.check(0, 1).allowed {
+                        admitted += 1;
+                    }
+                    let now = cell.state();
+                    assert!(
+                        now >= seen,
+                        "{alg:?}: state went back from {seen:?} to {now:?}"
+                    );
+                    seen = now;
+                }
+                admitted
+            })
         })
         .collect();
     let admitted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
     assert_eq!(admitted, 2, "{alg:?}");
-    // A denial wrote nothing: a third check is still denied, a peek agrees.
+    let sequential = ModelCell::new(quota(alg, 2, 2));
+    assert!(sequential.check(0, 1).allowed && sequential.check(0, 1).allowed);
+    assert_eq!(
+        cell.state(),
+        sequential.state(),
+        "{alg:?}: a charge was lost"
+    );
+    // A denial wrote nothing: a third check is still denied, a peek agrees, the state is as it
+    // was.
+    let before = cell.state();
     assert!(!cell.check(0, 1).allowed);
     assert!(!cell.peek(0, 1));
+    assert_eq!(cell.state(), before);
 }
 
 #[test]
 fn gcra_cell() {
-    model("gcra cell", || admitted_never_exceeds(Algorithm::TokenBucket));
+    model("gcra cell", || {
+        admitted_never_exceeds(Algorithm::TokenBucket)
+    });
+}
+
+#[test]
+fn leaky_bucket_cell() {
+    model("leaky bucket cell", || {
+        admitted_never_exceeds(Algorithm::LeakyBucket)
+    });
 }
 
 #[test]
 fn fixed_window_cell() {
-    model("fixed window cell", || admitted_never_exceeds(Algorithm::FixedWindow));
+    model("fixed window cell", || {
+        admitted_never_exceeds(Algorithm::FixedWindow)
+    });
 }
 
 #[test]
 fn sliding_counter_cell() {
-    model("sliding window counter cell", || admitted_never_exceeds(Algorithm::SlidingWindowCounter));
+    model("sliding window counter cell", || {
+        admitted_never_exceeds(Algorithm::SlidingWindowCounter)
+    });
 }
 
 #[test]
 fn sliding_log_cell() {
-    model("sliding window log cell", || admitted_never_exceeds(Algorithm::SlidingWindowLog));
+    model("sliding window log cell", || {
+        admitted_never_exceeds(Algorithm::SlidingWindowLog)
+    });
 }
 
 /// Rollover: one thread charges in window 0, another in window 1, concurrently. Window 1 must
@@ -82,7 +117,10 @@ fn fixed_window_rollover() {
         // window 1 holds at most both charges and at least its own.
         let _ = a.join().unwrap();
         assert!(cell.check(second, 1).allowed || !cell.peek(second, 1));
-        assert!(!cell.check(second, 1).allowed, "window 1 holds at most its limit");
+        assert!(
+            !cell.check(second, 1).allowed,
+            "window 1 holds at most its limit"
+        );
     });
 }
 
@@ -156,22 +194,60 @@ fn sweep_against_check() {
     });
 }
 
-/// FakeClock: an advance racing reads; every read is a time that existed, and reads by one
-/// thread never go backwards.
+/// The queue: two threads reserve one unit each on a bucket of burst 1 (T = 1 s), at most 1 s
+/// ahead. One goes now, the other exactly one emission interval later: never both now, never
+/// the same slot.
 #[test]
-fn fake_clock_advance() {
-    model("fake clock advance", || {
-        let clock = FakeClock::new();
-        let c2 = clock.clone();
-        let t = thread::spawn(move || {
-            c2.advance_ns(5);
-            c2.advance_ns(5);
-        });
-        let c3 = clock.clone();
-        let r = thread::spawn(move || (c3.now(), c3.now()));
-        let (a, b) = r.join().unwrap();
-        assert!(a <= b && [0, 5, 10].contains(&a) && [0, 5, 10].contains(&b));
-        t.join().unwrap();
-        assert_eq!(clock.now(), 10);
+fn queue_reservations() {
+    model("queue (reserve) cell", || {
+        let cell = Arc::new(ModelCell::new(quota(Algorithm::LeakyBucket, 1, 1)));
+        let second = 1_000_000_000;
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let cell = cell.clone();
+                thread::spawn(move || cell.reserve(0, 1, second).allowed)
+            })
+            .collect();
+        for h in handles {
+            assert!(h.join().unwrap());
+        }
+        // Two emission intervals are booked: TAT = 2 s exactly.
+        assert_eq!(cell.state(), Some(2 * second));
+        assert!(!cell.reserve(0, 1, second).allowed);
+    });
+}
+
+/// A denial is ordered after the admissions it counted: each thread publishes a value (a plain,
+/// non-atomic write) and then checks a cell of capacity 1; the thread that is denied reads the
+/// other's value. loom reports a data race unless the admitted charge (Release) happens-before
+/// the denying read (Acquire) -- the guarantee a `Relaxed` load in the CAS loop would break.
+#[test]
+fn denial_sees_what_admissions_published() {
+    model("denial sees what admissions published", || {
+        let cell = Arc::new(ModelCell::new(quota(Algorithm::TokenBucket, 1, 1)));
+        let published = Arc::new([UnsafeCell::new(0u32), UnsafeCell::new(0u32)]);
+        let handles: Vec<_> = (0..2)
+            .map(|me| {
+                let (cell, published) = (cell.clone(), published.clone());
+                thread::spawn(move || {
+                    // SAFETY (of the model): only this thread writes slot `me`, before its check.
+                    published[me].with_mut(|p| unsafe { *p = 1 + me as u32 });
+                    let admitted = cell.check(0, 1).allowed;
+                    if !admitted {
+                        let other = 1 - me;
+                        // The other thread was admitted: its write must be visible.
+                        let seen = published[other].with(|p| unsafe { *p });
+                        assert_eq!(seen, 1 + other as u32);
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let admitted = handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .filter(|&a| a)
+            .count();
+        assert_eq!(admitted, 1);
     });
 }

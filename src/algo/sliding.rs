@@ -115,16 +115,17 @@ pub(crate) fn decide(state: u64, now: u64, cost: u64, rule: &Rule, headroom: u64
     let weighted = u128::from(v.prev) * (p - u128::from(v.elapsed));
     let est = weighted + u128::from(v.cur) * p;
     let after = est + u128::from(cost) * p;
+    // Saturating: with a period near 2^64 ns (a quota of centuries) the sums would wrap; such a
+    // reset is "never" either way.
     let reset = |cur: u64, prev: u64| {
         let left = rule.period - v.elapsed;
-        v.lead
-            + if cur > 0 {
-                left + rule.period
-            } else if prev > 0 {
-                left
-            } else {
-                0
-            }
+        v.lead.saturating_add(if cur > 0 {
+            left.saturating_add(rule.period)
+        } else if prev > 0 {
+            left
+        } else {
+            0
+        })
     };
     if after <= cap {
         let remaining = ((cap - after) / p) as u64;
@@ -138,7 +139,9 @@ pub(crate) fn decide(state: u64, now: u64, cost: u64, rule: &Rule, headroom: u64
         )
     } else {
         let remaining = (cap.saturating_sub(est) / p) as u64;
-        let retry = v.lead + retry_after(&v, cost, rule.limit - headroom, rule.period);
+        let retry =
+            v.lead
+                .saturating_add(retry_after(&v, cost, rule.limit - headroom, rule.period));
         Step::deny(rule.limit, remaining, reset(v.cur, v.prev), retry)
     }
 }
@@ -161,7 +164,7 @@ fn retry_after(v: &View, cost: u64, cap: u64, period: u64) -> u64 {
         return left;
     }
     let q2 = u128::from(cap - cost) * p / u128::from(v.cur);
-    left + (p.saturating_sub(q2)) as u64
+    left.saturating_add((p.saturating_sub(q2)) as u64)
 }
 
 /// True when the estimate is zero at `now` and stays zero.

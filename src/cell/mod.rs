@@ -35,6 +35,14 @@ pub(crate) struct Applied {
     pub(crate) retries: u32,
 }
 
+/// The ordering of the loads in [`update`]: `Acquire`, except in the deliberately broken build
+/// `--cfg turnstile_broken="relaxed"` (scripts/must-fail.sh), which the loom suite must catch.
+const ACQUIRE: Ordering = if cfg!(turnstile_broken = "relaxed") {
+    Ordering::Relaxed
+} else {
+    Ordering::Acquire
+};
+
 /// A word the one CAS loop can drive: a cell's `AtomicU64`, or an inline slot of the flat store
 /// (whose word belongs to the key only while the slot still holds the key's tag).
 pub(crate) trait Word {
@@ -43,6 +51,9 @@ pub(crate) trait Word {
     /// Replaces `current` by `next`; on failure, what the word holds now (`None`: no longer the
     /// key's).
     fn swap(&self, current: u64, next: u64) -> Result<(), Option<u64>>;
+    /// The deliberately broken build's blind write (scripts/must-fail.sh).
+    #[cfg(turnstile_broken = "load_store")]
+    fn overwrite(&self, next: u64);
 }
 
 impl Word for AtomicU64 {
@@ -53,16 +64,21 @@ impl Word for AtomicU64 {
         // published; Relaxed would also be correct for the count itself (one word, one
         // modification order), but Acquire costs nothing on x86 and keeps a denial ordered after
         // the admissions it counted.
-        Some(self.load(Ordering::Acquire))
+        Some(self.load(ACQUIRE))
     }
     #[inline]
     fn swap(&self, current: u64, next: u64) -> Result<(), Option<u64>> {
         // AcqRel on success: this charge is ordered with every other charge of the cell (they
         // all RMW the same word, so whichever exchange comes first, the second sees its value and
         // decides on it). On failure we get the value that beat us and decide again (Acquire).
-        self.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+        self.compare_exchange_weak(current, next, Ordering::AcqRel, ACQUIRE)
             .map(drop)
             .map_err(Some)
+    }
+    #[cfg(turnstile_broken = "load_store")]
+    fn overwrite(&self, next: u64) {
+        // Release: publishes like the exchange would; the bug is the missing compare.
+        self.store(next, Ordering::Release);
     }
 }
 
@@ -76,7 +92,7 @@ impl Word for Inline<'_> {
     #[inline]
     fn current(&self) -> Option<u64> {
         // Acquire: as for a cell; the tag and word come from one 16-byte load.
-        let (tag, word) = self.slot.load(Ordering::Acquire);
+        let (tag, word) = self.slot.load(ACQUIRE);
         (tag == self.tag).then_some(word)
     }
     #[inline]
@@ -89,9 +105,17 @@ impl Word for Inline<'_> {
                 (self.tag, current),
                 (self.tag, next),
                 Ordering::AcqRel,
-                Ordering::Acquire,
+                ACQUIRE,
             )
             .map_err(|(tag, word)| (tag == self.tag).then_some(word))
+    }
+    #[cfg(turnstile_broken = "load_store")]
+    fn overwrite(&self, next: u64) {
+        // The broken build's blind write: whatever the slot holds now is replaced.
+        let seen = self.slot.load(ACQUIRE);
+        let _ = self
+            .slot
+            .compare_exchange(seen, (self.tag, next), Ordering::AcqRel, ACQUIRE);
     }
 }
 
@@ -102,10 +126,15 @@ impl Word for Inline<'_> {
 /// with no write. Returns the decision, the state written (if any) and the number of retries;
 /// `None` when the word stopped being the key's (an inline slot removed under us).
 #[inline]
+#[cfg_attr(turnstile_broken = "load_store", allow(unreachable_code))]
 pub(crate) fn update_word(
     cell: &impl Word,
     mut step: impl FnMut(u64) -> Step<u64>,
 ) -> Option<(Decision, Option<u64>, u32)> {
+    // Acquire (`Word::current`): pairs with the AcqRel exchange of `Word::swap` (and the Release
+    // stores of reset and migration), so a thread that reads a state reads the latest one other
+    // threads published; the loom model `denial_sees_what_admissions_published` checks that a
+    // denial is ordered after the admissions it counted.
     let mut current = cell.current()?;
     let mut retries = 0;
     loop {
@@ -113,6 +142,13 @@ pub(crate) fn update_word(
         let Some(next) = next else {
             return Some((decision, None, retries));
         };
+        // Deliberately broken cell for scripts/must-fail.sh: a load then a blind write, so two
+        // racing charges can both decide on the same state and one overwrites the other.
+        #[cfg(turnstile_broken = "load_store")]
+        {
+            cell.overwrite(next);
+            return Some((decision, Some(next), retries));
+        }
         match cell.swap(current, next) {
             Ok(()) => return Some((decision, Some(next), retries)),
             Err(actual) => {

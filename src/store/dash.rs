@@ -152,6 +152,11 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for DashStore<K> {
         self.len.load(Ordering::Relaxed)
     }
 
+    fn shard_len(&self, shard: usize) -> usize {
+        // Contention: takes the shard's read lock.
+        self.map.shards().get(shard).map_or(0, |s| s.read().len())
+    }
+
     fn sum_entries(&self, mut f: impl FnMut(&Entry) -> usize) -> usize {
         self.map.iter().map(|e| f(e.value())).sum()
     }

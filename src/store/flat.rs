@@ -627,6 +627,18 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
         (visited, removed)
     }
 
+    fn shard_len(&self, shard: usize) -> usize {
+        let Some(shard) = self.shards.get(shard) else {
+            return 0;
+        };
+        self.groups(shard)
+            .iter()
+            .flat_map(|g| &g.0)
+            // Acquire: see `find`.
+            .filter(|slot| slot.load(Ordering::Acquire).0 > TOMB)
+            .count()
+    }
+
     fn len(&self) -> usize {
         // Relaxed: a snapshot of a counter.
         self.len.load(Ordering::Relaxed)

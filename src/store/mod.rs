@@ -3,8 +3,11 @@
 //! A store holds [`Entry`] values: the rules the entry's cells were built for, a penalty deadline
 //! and the cells. It enforces the `max_keys` cap itself, so no caller can insert past it.
 
+#[cfg_attr(turnstile_loom, allow(dead_code))]
 pub(crate) mod dash;
 pub(crate) mod flat;
+#[cfg(turnstile_loom)]
+pub(crate) mod loom_dash;
 
 use std::sync::Arc;
 
@@ -12,8 +15,13 @@ use crate::cell::Cell;
 use crate::quota::Rule;
 use crate::sync::{AtomicU64, Ordering};
 
+#[cfg(not(turnstile_loom))]
 pub(crate) use dash::DashStore;
 pub(crate) use flat::FlatStore;
+/// Under loom, dashmap's own locks are invisible to the model checker (and would block it): the
+/// same protocol on loom's `RwLock` stands in.
+#[cfg(turnstile_loom)]
+pub(crate) use loom_dash::LoomDashStore as DashStore;
 
 /// Which concurrent map holds a limiter's keys (see [`Builder::store`](crate::Builder::store)).
 ///
@@ -212,6 +220,10 @@ pub(crate) trait Store<K>: Send + Sync {
 
     /// Keys held.
     fn len(&self) -> usize;
+
+    /// Keys held in shard `shard` (0 for a shard that does not exist): how evenly the hasher
+    /// spreads keys, for the hash-flood test.
+    fn shard_len(&self, shard: usize) -> usize;
 
     /// Sums `f` over every entry (for memory accounting; takes each shard's read lock in turn).
     fn sum_entries(&self, f: impl FnMut(&Entry) -> usize) -> usize;

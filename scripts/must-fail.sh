@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Proves the suite can fail: builds the deliberately broken cell (`cell::update` under
+# `--cfg turnstile_broken=...`) and runs the checks that must catch it. Succeeds only if every
+# one of them FAILS, for the right reason:
+#
+#   load_store  a load then a plain store instead of a compare-and-swap (lost updates):
+#               the loom suite must fail, and so must the real-thread exactness test
+#               (threads_on_one_key_admit_exactly_burst) with an over-admission.
+#   relaxed     a Relaxed load where Acquire is needed: the loom suite must fail (a data race
+#               reported by the model `denial_sees_what_admissions_published`). The thread test
+#               cannot see this one (counting on one word is correct even with Relaxed, and x86
+#               orders loads anyway), so it is not asked to.
+#
+# The loom runs build in their own target folders (target/broken-loom-*), so the normal loom
+# build stays cached; the unit tests are rebuilt in target/ with the cfg on this crate only (the
+# next plain `cargo test` recompiles them once). Expected time on a 2-core machine: about
+# 3 minutes cold (two loom builds and one crate), 30 s warm.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+ok=1
+
+expect_failure() { # name, grep pattern that the failure output must contain, command...
+    local name="$1" pattern="$2"
+    shift 2
+    local log
+    log="$(mktemp)"
+    if "$@" >"$log" 2>&1; then
+        echo "MUST-FAIL BROKEN: $name passed against the broken cell"
+        tail -20 "$log"
+        ok=0
+    elif grep -qE "$pattern" "$log"; then
+        echo "ok: $name failed as it must ($(grep -oE "$pattern" "$log" | head -1))"
+    else
+        echo "MUST-FAIL BROKEN: $name failed, but not for the expected reason ($pattern)"
+        tail -30 "$log"
+        ok=0
+    fi
+    rm -f "$log"
+}
+
+for variant in load_store relaxed; do
+    echo "== broken cell: $variant"
+    flags="--cfg turnstile_broken=\"$variant\""
+    case "$variant" in
+        load_store) loom_reason='a charge was lost|state went back|left: [0-9]+' ;;
+        relaxed) loom_reason='Causality violation|data race' ;;
+    esac
+    expect_failure "loom suite ($variant)" "$loom_reason" \
+        env RUSTFLAGS="$flags" TURNSTILE_LOOM_TARGET_DIR="$root/target/broken-loom-$variant" \
+        bash scripts/loom.sh --test cells
+    if [[ "$variant" == load_store ]]; then
+        # `cargo rustc` gives the cfg to this crate only, so the dependencies already built for
+        # `cargo test --all-features` are reused (RUSTFLAGS would rebuild every one of them).
+        echo "building the unit tests with the broken cell"
+        exe="$(cargo rustc --lib --profile test --all-features --message-format=json \
+            -- --cfg "turnstile_broken=\"$variant\"" \
+            | grep -oE '"executable":"[^"]+"' | tail -1 | cut -d'"' -f4)"
+        if [[ -z "$exe" ]]; then
+            echo "MUST-FAIL BROKEN: could not build the unit tests with the broken cell"
+            ok=0
+        else
+            expect_failure "thread exactness test ($variant)" 'attempt [0-9]+' \
+                "$exe" --exact tests::engine::threads_on_one_key_admit_exactly_burst
+        fi
+    fi
+done
+
+if [[ "$ok" == 1 ]]; then
+    echo "must-fail: every check caught every broken cell"
+else
+    echo "must-fail: the suite did not catch a broken cell"
+    exit 1
+fi

@@ -1,0 +1,165 @@
+//! The dash store's protocol on loom's `RwLock`, built only under `--cfg turnstile_loom`.
+//!
+//! `DashMap` guards each shard with its own spin/park lock on plain `std` atomics: loom cannot
+//! see it, and a model thread blocking on it would stall the model checker. This store takes the
+//! same steps as [`DashStore`](super::dash::DashStore) in the same order (a shard read lock for a
+//! lookup; a slot of the cap taken before the shard write lock for an insert, and given back when
+//! another thread inserted first; eviction and sweeping under the write lock), so the loom models
+//! check the limiter's logic on top of that protocol: first-insert races, the cap, sweeping
+//! against checks, compound refunds. dashmap itself is trusted, not model-checked.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use super::{Entry, Full, OnFull, Store};
+use crate::sync::{AtomicUsize, Ordering, RwLock};
+
+/// Sharded `RwLock<HashMap>` with a cap, like `DashMap` plus the dash store's counter.
+pub(crate) struct LoomDashStore<K> {
+    shards: Box<[RwLock<HashMap<K, Entry>>]>,
+    /// A fixed seed: loom replays every execution and needs the same shard choices each time.
+    hasher: ahash::RandomState,
+    /// Keys held or being inserted; never above `max_keys`.
+    len: AtomicUsize,
+    max_keys: usize,
+    on_full: OnFull,
+}
+
+impl<K: Hash + Eq + Clone> LoomDashStore<K> {
+    /// An empty store with `shards` shards (rounded up to a power of two, at least 2).
+    pub(crate) fn new(shards: usize, max_keys: usize, on_full: OnFull) -> Self {
+        let shards = shards.max(2).next_power_of_two();
+        LoomDashStore {
+            shards: (0..shards).map(|_| RwLock::new(HashMap::new())).collect(),
+            hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
+            len: AtomicUsize::new(0),
+            max_keys,
+            on_full,
+        }
+    }
+
+    fn shard_of(&self, key: &K) -> &RwLock<HashMap<K, Entry>> {
+        let i = (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1);
+        &self.shards[i]
+    }
+
+    /// Takes one slot of the cap; false when the table is full.
+    fn reserve_slot(&self) -> bool {
+        // Relaxed: as in the dash store, the counter only has to be exact (one RMW each).
+        if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
+            true
+        } else {
+            // Relaxed: see above.
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            false
+        }
+    }
+
+    fn evict_one(&self, key: &K, mut evictable: impl FnMut(&Entry) -> bool) -> bool {
+        let mut table = self.shard_of(key).write().unwrap();
+        let victim = table
+            .iter()
+            .find(|(_, e)| evictable(e))
+            .map(|(k, _)| k.clone());
+        match victim {
+            Some(k) => {
+                table.remove(&k);
+                // Relaxed: see `reserve_slot`.
+                self.len.fetch_sub(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for LoomDashStore<K> {
+    fn with<R>(&self, key: &K, f: impl FnOnce(&Entry) -> R) -> Option<R> {
+        self.shard_of(key).read().unwrap().get(key).map(f)
+    }
+
+    fn with_or_insert<R>(
+        &self,
+        key: &K,
+        make: impl FnOnce() -> Entry,
+        mut evictable: impl FnMut(&Entry) -> bool,
+        f: impl FnOnce(&Entry) -> R,
+    ) -> Result<R, Full> {
+        {
+            let table = self.shard_of(key).read().unwrap();
+            if let Some(e) = table.get(key) {
+                return Ok(f(e));
+            }
+        }
+        let mut reserved = self.reserve_slot();
+        if !reserved && self.on_full == OnFull::EvictFresh && self.evict_one(key, &mut evictable) {
+            reserved = self.reserve_slot();
+        }
+        let mut table = self.shard_of(key).write().unwrap();
+        if let Some(e) = table.get(key) {
+            if reserved {
+                // Relaxed: see `reserve_slot`.
+                self.len.fetch_sub(1, Ordering::Relaxed);
+            }
+            return Ok(f(e));
+        }
+        if !reserved {
+            return Err(Full);
+        }
+        let e = table.entry(key.clone()).or_insert_with(make);
+        Ok(f(e))
+    }
+
+    fn replace(&self, key: &K, f: impl FnOnce(&Entry) -> Option<Entry>) {
+        let mut table = self.shard_of(key).write().unwrap();
+        if let Some(e) = table.get_mut(key) {
+            if let Some(next) = f(e) {
+                *e = next;
+            }
+        }
+    }
+
+    fn remove(&self, key: &K) -> bool {
+        let removed = self.shard_of(key).write().unwrap().remove(key).is_some();
+        if removed {
+            // Relaxed: see `reserve_slot`.
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        removed
+    }
+
+    fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    fn sweep_shard(&self, shard: usize, mut remove: impl FnMut(&Entry) -> bool) -> (usize, usize) {
+        let Some(lock) = self.shards.get(shard) else {
+            return (0, 0);
+        };
+        let mut table = lock.write().unwrap();
+        let visited = table.len();
+        table.retain(|_, e| !remove(e));
+        let removed = visited - table.len();
+        // Relaxed: see `reserve_slot`.
+        self.len.fetch_sub(removed, Ordering::Relaxed);
+        (visited, removed)
+    }
+
+    fn len(&self) -> usize {
+        // Relaxed: a snapshot of a counter.
+        self.len.load(Ordering::Relaxed)
+    }
+
+    fn shard_len(&self, shard: usize) -> usize {
+        self.shards
+            .get(shard)
+            .map_or(0, |s| s.read().unwrap().len())
+    }
+
+    fn sum_entries(&self, mut f: impl FnMut(&Entry) -> usize) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.read().unwrap().values().map(&mut f).sum::<usize>())
+            .sum()
+    }
+}
