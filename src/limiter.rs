@@ -869,20 +869,30 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         cost: u64,
         mode: Mode,
     ) -> Option<(Decision, Tokens, u32)> {
-        let run = |e: &Entry| {
-            Arc::ptr_eq(&e.rules, &plan.rules).then(|| charge_entry(e, plan, now, cost, mode))
-        };
+        self.with_entry(store, key, plan, now, mode, |e| {
+            charge_entry(e, plan, now, cost, mode)
+        })
+    }
+
+    /// Runs `apply` on `key`'s entry under `plan`'s rules: inserting it when new, migrating it
+    /// first when it was built for other rules (a plan change or another tier). A peek writes
+    /// nothing: an entry of other rules is judged on a private migrated copy, an absent key as a
+    /// fresh one. `None` when the key is new and the table is full.
+    fn with_entry<S: Store<K>, R>(
+        &self,
+        store: &S,
+        key: &K,
+        plan: &Compiled,
+        now: u64,
+        mode: Mode,
+        apply: impl Fn(&Entry) -> R,
+    ) -> Option<R> {
+        let run = |e: &Entry| Arc::ptr_eq(&e.rules, &plan.rules).then(|| apply(e));
         if mode == Mode::Peek {
-            // A peek writes nothing: an entry built for other rules is judged as it would be
-            // after migration, on a private copy; an absent key as a fresh one.
             let peeked = store.with(key, |e| {
-                run(e).unwrap_or_else(|| {
-                    charge_entry(&e.migrate(now, &plan.rules), plan, now, cost, mode)
-                })
+                run(e).unwrap_or_else(|| apply(&e.migrate(now, &plan.rules)))
             });
-            return Some(peeked.unwrap_or_else(|| {
-                charge_entry(&Entry::fresh(&plan.rules, 0), plan, now, cost, mode)
-            }));
+            return Some(peeked.unwrap_or_else(|| apply(&Entry::fresh(&plan.rules, 0))));
         }
         loop {
             let outcome = store
@@ -896,7 +906,6 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             if let Some(r) = outcome {
                 return Some(r);
             }
-            // Built for other rules (a plan change or another tier): carry it over and retry.
             store.replace(key, |e| {
                 (!Arc::ptr_eq(&e.rules, &plan.rules)).then(|| e.migrate(now, &plan.rules))
             });
@@ -937,65 +946,18 @@ fn charge_entry(
     cost: u64,
     mode: Mode,
 ) -> (Decision, Tokens, u32) {
-    let parts = &plan.rules.parts;
-    let blocked = e.blocked_until();
-    if blocked > now {
-        let wait = blocked - now;
-        let d = Decision {
-            limit: parts[0].capacity,
-            reset_after_ns: wait,
-            ..Decision::denied(Reason::Blocked, wait)
-        };
-        return (d, Tokens::default(), 0);
-    }
-    let cells = e.cells();
-    if let ([cell], [rule]) = (cells, &**parts) {
-        let a = cell.apply(now, cost, rule, plan.headroom, mode);
-        let mut tokens = Tokens {
-            entry: e.id,
-            ..Tokens::default()
-        };
-        tokens.cells[0] = a.token;
-        return (a.decision, tokens, a.retries);
-    }
-    let mut tokens = Tokens {
-        entry: e.id,
-        ..Tokens::default()
-    };
-    let mut decisions: [Option<Decision>; MAX_PARTS] = [None; MAX_PARTS];
-    let mut retries = 0;
-    let mut denied_at = None;
-    for (i, (cell, rule)) in cells.iter().zip(parts.iter()).enumerate() {
-        let m = if denied_at.is_some() {
-            Mode::Peek
-        } else {
-            mode
-        };
-        let a = cell.apply(now, cost, rule, plan.headroom, m);
-        retries += a.retries;
-        if denied_at.is_none() {
-            tokens.cells[i] = a.token;
-            if !a.decision.allowed {
-                denied_at = Some(i);
-                refund(e, parts, cost, &mut tokens, now);
-            }
-        }
-        decisions[i] = Some(a.decision);
-    }
-    // Parts charged and then refunded report what they hold without this request.
-    if let Some(at) = denied_at {
-        for d in decisions[..at].iter_mut().flatten() {
-            d.remaining = (d.remaining + cost).min(d.limit);
+    if let ([cell], [rule]) = (e.cells(), &*plan.rules.parts) {
+        if e.blocked_until() <= now {
+            let a = cell.apply(now, cost, rule, plan.headroom, mode);
+            let mut tokens = Tokens {
+                entry: e.id,
+                ..Tokens::default()
+            };
+            tokens.cells[0] = a.token;
+            return (a.decision, tokens, a.retries);
         }
     }
-    let mut merged: Option<Decision> = None;
-    for d in decisions.iter().flatten() {
-        match &mut merged {
-            Some(m) => m.merge(d),
-            None => merged = Some(*d),
-        }
-    }
-    let d = merged.unwrap_or_else(|| Decision::denied(Reason::Limited, 0));
+    let (d, _, tokens, retries) = charge_entry_parts(e, plan, now, cost, mode);
     (d, tokens, retries)
 }
 
@@ -1236,44 +1198,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         cost: u64,
         mode: Mode,
     ) -> Option<(Decision, [Option<Decision>; MAX_PARTS], Tokens, u32)> {
-        let run = |e: &Entry| {
-            Arc::ptr_eq(&e.rules, &plan.rules).then(|| charge_entry_parts(e, plan, now, cost, mode))
-        };
-        if mode == Mode::Peek {
-            // As in `charge_entry`: a peek writes nothing, so an entry of other rules is judged
-            // on a private migrated copy, an absent key as a fresh one.
-            let peeked = store.with(key, |e| {
-                run(e).unwrap_or_else(|| {
-                    charge_entry_parts(&e.migrate(now, &plan.rules), plan, now, cost, mode)
-                })
-            });
-            return Some(peeked.unwrap_or_else(|| {
-                charge_entry_parts(&Entry::fresh(&plan.rules, 0), plan, now, cost, mode)
-            }));
-        }
-        loop {
-            let outcome = store
-                .with_or_insert(
-                    key,
-                    || Entry::fresh(&plan.rules, self.next_entry_id()),
-                    |e| self.evictable(e, now),
-                    run,
-                )
-                .ok()?;
-            if let Some(r) = outcome {
-                return Some(r);
-            }
-            // Built for other rules (a plan change or another tier): carry it over and retry.
-            store.replace(key, |e| {
-                (!Arc::ptr_eq(&e.rules, &plan.rules)).then(|| e.migrate(now, &plan.rules))
-            });
-        }
+        self.with_entry(store, key, plan, now, mode, |e| {
+            charge_entry_parts(e, plan, now, cost, mode)
+        })
     }
 }
 
-/// [`charge_entry`] that also returns each part's decision (a blocked key reports the penalty on
-/// every part).
-#[cfg(feature = "http")]
+/// [`charge_entry`] with each part's decision too (a blocked key reports the penalty on every
+/// part): parts are charged in order, and when one denies, the parts already charged are
+/// refunded and the rest only peeked (for the latest `retry_after`).
 fn charge_entry_parts(
     e: &Entry,
     plan: &Compiled,
