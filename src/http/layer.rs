@@ -136,7 +136,7 @@ struct Core<C: Clock> {
 /// Every request is checked against its client's plan (resolved per request) and every matching
 /// [`Rule`](crate::http::Rule) (per route, shared, global), all or nothing: when one denies, the
 /// others are refunded. Denied requests get a 429 with `Retry-After` and a JSON body; every
-/// response gets the configured [`HeaderStyle`]. Each plan's strategy applies: hard (429), soft
+/// response gets the configured [`HeaderStyle`](crate::http::HeaderStyle). Each plan's strategy applies: hard (429), soft
 /// (passed with a `Warning` header), queue (held until its reservation, at most `max_delay`),
 /// priority (a plan's `headroom` on shared rules, with per-tier plans).
 ///
