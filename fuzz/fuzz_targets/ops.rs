@@ -29,7 +29,7 @@ const PERIODS: [u64; 7] = [
 /// Whether a peek at a key built for older rules carries the key over for good (this branch's
 /// limiter) or only judges a private carried-over copy (the flat-store limiter on main): flip it
 /// when the engine changes.
-const PEEK_MIGRATES: bool = true;
+const PEEK_MIGRATES: bool = false;
 /// Units of a clock move in ns.
 const STEPS: [u64; 4] = [1, 1_000, MS, 10 * MS];
 
