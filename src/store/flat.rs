@@ -74,6 +74,9 @@ const KIND: u64 = 0b11;
 #[cfg(not(turnstile_loom))]
 const HUGE_TABLE_BYTES: usize = 4 << 20;
 
+/// Groups (of four slots) an eviction looks at, from the new key's home group.
+const EVICT_GROUPS: usize = 16;
+
 /// Live keys per slot at the cap, in percent (the rest is what keeps probes short).
 const LOAD_PERCENT: usize = 83;
 
@@ -316,7 +319,8 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         evictable: &mut dyn FnMut(&Entry) -> bool,
     ) -> Result<(), Full> {
         let mut reserved = self.reserve();
-        if !reserved && self.on_full == OnFull::EvictFresh && self.evict_one(shard, evictable) {
+        if !reserved && self.on_full == OnFull::EvictFresh && self.evict_one(shard, hash, evictable)
+        {
             reserved = self.reserve();
         }
         if !reserved {
@@ -355,10 +359,24 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         Ok(())
     }
 
-    /// Evicts one inline key of `shard` for which `evictable` holds; true if one went.
-    fn evict_one(&self, shard: &Shard<K>, evictable: &mut dyn FnMut(&Entry) -> bool) -> bool {
+    /// Evicts one inline key for which `evictable` holds, among the [`EVICT_GROUPS`] groups
+    /// from the new key's home (a freed slot there is on the new key's own probe path); true if
+    /// one went. Bounded, so a flood of new keys at a full table of live keys costs each a
+    /// few cache lines, not a scan of its shard.
+    fn evict_one(
+        &self,
+        shard: &Shard<K>,
+        hash: u64,
+        evictable: &mut dyn FnMut(&Entry) -> bool,
+    ) -> bool {
         let view = self.view(0);
-        for group in self.groups(shard) {
+        let groups = self.groups(shard);
+        let home = Self::home(groups, hash);
+        let near = groups[home..]
+            .iter()
+            .chain(&groups[..home])
+            .take(EVICT_GROUPS);
+        for group in near {
             for slot in &group.0 {
                 // Acquire: see `find`.
                 let (t, word) = slot.load(Ordering::Acquire);

@@ -75,8 +75,10 @@ pub enum OnFull {
     /// Deny the new key with [`Reason::TableFull`](crate::Reason::TableFull); track nothing.
     #[default]
     Deny,
-    /// Evict a key from the new key's shard whose state is already back to fresh (so the
-    /// eviction gives nobody extra permits); deny as [`OnFull::Deny`] when there is none.
+    /// Evict a key whose state is already back to fresh (so the eviction gives nobody extra
+    /// permits); deny as [`OnFull::Deny`] when there is none. The flat store looks at the 64
+    /// slots from the new key's home (a bounded cost per new key, even in a flood); the dash
+    /// store at the new key's shard.
     EvictFresh,
 }
 
