@@ -34,14 +34,7 @@ impl<K: Hash + Eq + Clone> DashStore<K> {
 
     /// Takes one slot of the cap; false when the table is full.
     fn reserve_slot(&self) -> bool {
-        // Relaxed: the counter only has to be exact, not ordered with anything; fetch_add is one
-        // RMW, so two racing inserts get different values and at most `max_keys` succeed.
-        if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
-            true
-        } else {
-            self.len.fetch_sub(1, Ordering::Relaxed);
-            false
-        }
+        super::take_slot(&self.len, self.max_keys)
     }
 
     /// Removes one entry of `key`'s shard for which `evictable` holds.

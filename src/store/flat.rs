@@ -292,14 +292,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
 
     /// Takes one slot of the cap; false when the table is full.
     fn reserve(&self) -> bool {
-        // Relaxed: the counter only has to be exact, not ordered with anything; fetch_add is one
-        // RMW, so of racing reservations at most `max_keys` succeed.
-        if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
-            true
-        } else {
-            self.len.fetch_sub(1, Ordering::Relaxed);
-            false
-        }
+        super::take_slot(&self.len, self.max_keys)
     }
 
     fn release(&self, n: usize) {

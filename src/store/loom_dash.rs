@@ -45,14 +45,7 @@ impl<K: Hash + Eq + Clone> LoomDashStore<K> {
 
     /// Takes one slot of the cap; false when the table is full.
     fn reserve_slot(&self) -> bool {
-        // Relaxed: as in the dash store, the counter only has to be exact (one RMW each).
-        if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
-            true
-        } else {
-            // Relaxed: see above.
-            self.len.fetch_sub(1, Ordering::Relaxed);
-            false
-        }
+        super::take_slot(&self.len, self.max_keys)
     }
 
     fn evict_one(&self, key: &K, mut evictable: impl FnMut(&Entry) -> bool) -> bool {

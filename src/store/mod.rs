@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::cell::Cell;
 use crate::quota::Rule;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(not(turnstile_loom))]
 pub(crate) use dash::DashStore;
@@ -184,6 +184,18 @@ impl Entry {
             Cells::Many(cs) => cs.len() * std::mem::size_of::<Cell>(),
         };
         boxed + self.cells().iter().map(Cell::heap_bytes).sum::<usize>()
+    }
+}
+
+/// Takes one of `max_keys` slots counted by `len`; false when all are taken (every store's cap).
+pub(crate) fn take_slot(len: &AtomicUsize, max_keys: usize) -> bool {
+    // Relaxed: the counter only has to be exact, not ordered with anything; fetch_add is one RMW,
+    // so two racing inserts get different values and at most `max_keys` succeed.
+    if len.fetch_add(1, Ordering::Relaxed) < max_keys {
+        true
+    } else {
+        len.fetch_sub(1, Ordering::Relaxed);
+        false
     }
 }
 
