@@ -767,14 +767,21 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             Some(r) => r,
             None => (self.table_full(plan), 0),
         };
+        self.settle(plan, &mut d, retries, mode);
+        Ok(d)
+    }
+
+    /// The last step of every decision: the plan's soft strategy lets an over-quota request
+    /// through (flagged), and the outcome is counted (a peek counts nothing).
+    #[inline]
+    fn settle(&self, plan: &Compiled, d: &mut Decision, retries: u32, mode: Mode) {
         if !d.allowed && d.reason == Reason::Limited && plan.strategy == Strategy::Soft {
             d.allowed = true;
             d.reason = Reason::SoftLimit;
         }
         if mode != Mode::Peek {
-            self.counters.count(Count::of(&d), retries);
+            self.counters.count(Count::of(d), retries);
         }
-        Ok(d)
     }
 
     /// Charges (or peeks) `key`: inline in the flat store when it can, else through its entry.
@@ -838,9 +845,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 }
                 Found::Spilled => return None,
                 Found::Absent if mode == Mode::Peek => {
-                    let d = Entry::fresh(&plan.rules, 0);
-                    let (d, _, retries) = charge_entry(&d, plan, now, cost, mode);
-                    return Some(Some((d, retries)));
+                    // A key never seen: judged as fresh, with nothing built or written.
+                    let step =
+                        crate::cell::decide_fresh(now, cost, rule, plan.headroom, Mode::Check);
+                    return Some(Some((step.decision, 0)));
                 }
                 Found::Absent if s.refuses_new_keys() => return Some(None),
                 Found::Absent => {
@@ -1165,13 +1173,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 (d, parts, Tokens::default(), 0)
             }
         };
-        if !d.allowed && d.reason == Reason::Limited && plan.strategy == Strategy::Soft {
-            d.allowed = true;
-            d.reason = Reason::SoftLimit;
-        }
-        if mode != Mode::Peek {
-            self.counters.count(Count::of(&d), retries);
-        }
+        self.settle(plan, &mut d, retries, mode);
         let charged_any = tokens.cells.iter().any(Option::is_some);
         let undo = (d.allowed && charged_any && mode != Mode::Peek).then(|| Undo {
             rules: Arc::clone(&plan.rules),

@@ -73,7 +73,7 @@ enum RawDuration {
 }
 
 /// Line (1-based) of byte offset `at` in `src`.
-fn line_of(src: &str, at: usize) -> usize {
+pub(crate) fn line_of(src: &str, at: usize) -> usize {
     src.as_bytes()[..at.min(src.len())]
         .iter()
         .filter(|&&b| b == b'\n')
@@ -81,12 +81,19 @@ fn line_of(src: &str, at: usize) -> usize {
         + 1
 }
 
-struct Ctx<'a> {
-    src: &'a str,
+/// A config source being read: turns a byte offset into the line an error names.
+pub(crate) struct Ctx<'a> {
+    pub(crate) src: &'a str,
 }
 
 impl Ctx<'_> {
-    fn err<T>(&self, at: usize, field: &str, message: impl std::fmt::Display) -> Result<T, Error> {
+    /// A config error naming `field` at byte offset `at`.
+    pub(crate) fn err<T>(
+        &self,
+        at: usize,
+        field: &str,
+        message: impl std::fmt::Display,
+    ) -> Result<T, Error> {
         Err(Error::Config {
             line: Some(line_of(self.src, at)),
             message: format!("{field}: {message}"),

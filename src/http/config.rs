@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::http::keys::{ForwardedHeader, OnBadKey, TrustedProxies};
 use crate::ip::DEFAULT_V6_PREFIX;
 use crate::limiter::Plan;
-use crate::plan::PlanConfig;
+use crate::plan::{Ctx, PlanConfig, line_of};
 
 /// Where a client key comes from; several sources make a composite key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -422,26 +422,7 @@ struct RawRule {
     tiers: HashMap<String, String>,
 }
 
-fn line_of(src: &str, at: usize) -> usize {
-    src.as_bytes()[..at.min(src.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
-}
-
-struct Ctx<'a> {
-    src: &'a str,
-}
-
 impl Ctx<'_> {
-    fn err<T>(&self, at: usize, field: &str, message: impl std::fmt::Display) -> Result<T, Error> {
-        Err(Error::Config {
-            line: Some(line_of(self.src, at)),
-            message: format!("{field}: {message}"),
-        })
-    }
-
     fn known_plan(
         &self,
         config: &HttpConfig,

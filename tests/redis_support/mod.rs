@@ -55,35 +55,30 @@ impl RedisServer {
 
     /// Starts a standalone server on a given port (one chosen by `free_port` earlier).
     pub fn start_at(port: u16) -> RedisServer {
+        let mut s = Self::unstarted(port, &[]);
+        assert!(s.spawn(), "redis-server did not start on port {port}");
+        s
+    }
+
+    /// A server on `port` with a fresh, empty working directory, not yet running.
+    fn unstarted(port: u16, extra: &[&str]) -> RedisServer {
         let dir =
             std::env::temp_dir().join(format!("turnstile-redis-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut s = RedisServer {
+        RedisServer {
             port,
             child: None,
             dir,
-            extra: Vec::new(),
-        };
-        assert!(s.spawn(), "redis-server did not start on port {port}");
-        s
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        }
     }
 
     /// Starts a server with extra arguments (e.g. cluster mode).
     pub fn start_with(extra: &[&str]) -> RedisServer {
         let cluster = extra.contains(&"--cluster-enabled");
         for _ in 0..5 {
-            let port = free_port(cluster);
-            let dir =
-                std::env::temp_dir().join(format!("turnstile-redis-{}-{port}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            let mut s = RedisServer {
-                port,
-                child: None,
-                dir,
-                extra: extra.iter().map(|s| s.to_string()).collect(),
-            };
+            let mut s = Self::unstarted(free_port(cluster), extra);
             if s.spawn() {
                 return s;
             }
