@@ -74,8 +74,11 @@ const KIND: u64 = 0b11;
 #[cfg(not(turnstile_loom))]
 const HUGE_TABLE_BYTES: usize = 4 << 20;
 
-/// Groups (of four slots) an eviction looks at, from the new key's home group.
+/// Groups (of four slots) an eviction looks at in each shard, from the new key's home group.
 const EVICT_GROUPS: usize = 16;
+/// Shards an eviction looks in: the new key's and the next ones (so a new key whose own shard
+/// holds no fresh key can still take a fresh key's place elsewhere).
+const EVICT_SHARDS: usize = 4;
 
 /// Live keys per slot at the cap, in percent (the rest is what keeps probes short).
 const LOAD_PERCENT: usize = 83;
@@ -312,8 +315,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         evictable: &mut dyn FnMut(&Entry) -> bool,
     ) -> Result<(), Full> {
         let mut reserved = self.reserve();
-        if !reserved && self.on_full == OnFull::EvictFresh && self.evict_one(shard, hash, evictable)
-        {
+        if !reserved && self.on_full == OnFull::EvictFresh && self.evict_one(hash, evictable) {
             reserved = self.reserve();
         }
         if !reserved {
@@ -352,23 +354,25 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         Ok(())
     }
 
-    /// Evicts one inline key for which `evictable` holds, among the [`EVICT_GROUPS`] groups
-    /// from the new key's home (a freed slot there is on the new key's own probe path); true if
-    /// one went. Bounded, so a flood of new keys at a full table of live keys costs each a
-    /// few cache lines, not a scan of its shard.
-    fn evict_one(
-        &self,
-        shard: &Shard<K>,
-        hash: u64,
-        evictable: &mut dyn FnMut(&Entry) -> bool,
-    ) -> bool {
+    /// Evicts one inline key for which `evictable` holds, among the [`EVICT_GROUPS`] groups from
+    /// the new key's home position in its shard and in the next [`EVICT_SHARDS`]` - 1` shards;
+    /// true if one went. Bounded, so a flood of new keys at a full table of live keys costs
+    /// each a few dozen cache lines, not a scan of a shard.
+    fn evict_one(&self, hash: u64, evictable: &mut dyn FnMut(&Entry) -> bool) -> bool {
         let view = self.view(0);
-        let groups = self.groups(shard);
-        let home = Self::home(groups, hash);
-        let near = groups[home..]
-            .iter()
-            .chain(&groups[..home])
-            .take(EVICT_GROUPS);
+        // The new key's shard first, then the next few: a removal is a lock-free swap, so a
+        // victim may come from a shard whose lock we do not hold.
+        let first = (hash >> self.shard_shift) as usize;
+        let shards = (0..EVICT_SHARDS.min(self.shards.len()))
+            .map(|i| &self.shards[(first + i) % self.shards.len()]);
+        let near = shards.flat_map(|shard| {
+            let groups = self.groups(shard);
+            let home = Self::home(groups, hash);
+            groups[home..]
+                .iter()
+                .chain(&groups[..home])
+                .take(EVICT_GROUPS)
+        });
         for group in near {
             for slot in &group.0 {
                 // Acquire: see `find`.

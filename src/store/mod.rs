@@ -76,9 +76,9 @@ pub enum OnFull {
     #[default]
     Deny,
     /// Evict a key whose state is already back to fresh (so the eviction gives nobody extra
-    /// permits); deny as [`OnFull::Deny`] when there is none. The flat store looks at the 64
-    /// slots from the new key's home (a bounded cost per new key, even in a flood); the dash
-    /// store at the new key's shard.
+    /// permits); deny as [`OnFull::Deny`] when there is none. The flat store looks at 64 slots
+    /// from the new key's home position in its shard and in each of the next three (a bounded
+    /// cost per new key, even in a flood); the dash store at the new key's shard.
     EvictFresh,
 }
 
