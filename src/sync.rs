@@ -9,8 +9,12 @@ pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(turnstile_loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+/// A process-wide lock that no model needs to see: only the hand-out of stats stripe indices to
+/// threads (once per thread start and exit) uses it. Under loom every model thread shares one
+/// OS thread's index and counts on the shared stripe, so the models lose nothing.
+pub(crate) use std::sync::Mutex as StaticMutex;
 /// A process-wide counter that no model needs to see (statics cannot hold loom atomics): only the
-/// round-robin assignment of stats stripes to threads uses it.
+/// counting allocator uses it.
 pub(crate) use std::sync::atomic::AtomicUsize as StaticAtomicUsize;
 
 #[cfg(turnstile_loom)]
