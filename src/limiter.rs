@@ -742,14 +742,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
 
     /// The whole decision path: plan, cost, strategy, entry, cells, stats.
-    #[inline]
+    #[inline(always)]
     fn decide(&self, key: &K, plan: PlanId, cost: u64, mode: Mode) -> Result<Decision, Error> {
         let now = clamp_now(self.clock.now());
         self.decide_at(key, None, plan, cost, mode, now)
     }
 
     /// [`decide`](Self::decide) at `now`, with the key's flat-store hash when already known.
-    #[inline]
+    #[inline(always)]
     fn decide_at(
         &self,
         key: &K,
@@ -773,7 +773,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// The last step of every decision: the plan's soft strategy lets an over-quota request
     /// through (flagged), and the outcome is counted (a peek counts nothing).
-    #[inline]
+    #[inline(always)]
     fn settle(&self, plan: &Compiled, d: &mut Decision, retries: u32, mode: Mode) {
         if !d.allowed && d.reason == Reason::Limited && plan.strategy == Strategy::Soft {
             d.allowed = true;
@@ -788,7 +788,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// Returns the decision and the CAS retries; `None` when the key is new and the table is
     /// full. Asking for refund `tokens` forces the entry path (cross-key compound limits need an
     /// entry's tokens).
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn charge(
         &self,
@@ -821,7 +821,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// The flat store's fast path: the key's state inline in its slot. `None` when the key is
     /// spilled (its state is an entry: take the entry path).
-    #[inline]
+    #[inline(always)]
     fn charge_inline(
         &self,
         s: &FlatStore<K>,

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::algo::{fixed, log, sliding};
+use crate::algo::{Divisor, fixed, log, sliding};
 use crate::clock::nanos;
 use crate::error::Error;
 
@@ -233,6 +233,7 @@ impl Quota {
             period: self.period_ns,
             capacity,
             emission,
+            per_emission: Divisor::new(emission.max(1)),
             tolerance,
             phase: unix_epoch_ns % self.period_ns,
         })
@@ -256,6 +257,8 @@ pub(crate) struct Rule {
     pub(crate) capacity: u64,
     /// GCRA emission interval `T = ceil(period / limit)`, ns; 0 for windows.
     pub(crate) emission: u64,
+    /// Division by `emission` (by 1 for windows, which do not use it).
+    pub(crate) per_emission: Divisor,
     /// GCRA tolerance `burst * T`, ns; 0 for windows.
     pub(crate) tolerance: u64,
     /// `unix_epoch_ns % period`: window `w` is `floor((now + phase) / period)`, aligned to Unix time.

@@ -87,19 +87,46 @@ fn stripe_count() -> usize {
 /// taken on first use and given back when the thread exits. A thread started after another one
 /// ended inherits its index and so its stripes (it is their owner now), so a program that
 /// replaces its threads, a pool or a benchmark that spawns new ones per run, keeps counting on
-/// owned stripes instead of piling onto the shared one. `None` while the thread is being torn
-/// down (a check from another thread-local's destructor): such a thread counts on the shared
-/// stripe.
-#[inline]
+/// owned stripes instead of piling onto the shared one. `None` once the thread has given its
+/// index back (a check from another thread-local's destructor): it counts on the shared stripe.
+#[inline(always)]
 fn stripe_index() -> Option<usize> {
-    thread_local! {
-        static INDEX: ThreadIndex = ThreadIndex::take();
+    // `index + 1`; 0: none taken yet; `GIVEN_BACK`: the thread is exiting.
+    let held = INDEX.with(std::cell::Cell::get);
+    match held {
+        0 => take_index(),
+        GIVEN_BACK => None,
+        i => Some(i - 1),
     }
-    INDEX.try_with(|i| i.0).ok()
 }
 
-/// A thread's stripe index, held for the thread's life (see [`stripe_index`]).
-struct ThreadIndex(usize);
+/// What [`INDEX`] holds once the thread gave its index back.
+const GIVEN_BACK: usize = usize::MAX;
+
+thread_local! {
+    /// The thread's index plus one (see [`stripe_index`]): a const-initialised cell with no
+    /// destructor, so reading it is one thread-local load. [`RELEASE`] gives the index back.
+    static INDEX: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// Gives the thread's index back when the thread exits (registered on first use).
+    static RELEASE: ThreadIndex = const { ThreadIndex };
+}
+
+/// First use on this thread: takes an index and arranges for it to be given back at exit.
+#[cold]
+fn take_index() -> Option<usize> {
+    let i = ThreadIndex::take();
+    // Registers the destructor; fails only while the thread is already exiting, when the index
+    // must not outlive it: give it straight back and count on the shared stripe.
+    if RELEASE.try_with(|_| ()).is_err() {
+        ThreadIndex::give_back(i);
+        return None;
+    }
+    INDEX.with(|c| c.set(i + 1));
+    Some(i)
+}
+
+/// Gives the thread's index back when dropped, at thread exit.
+struct ThreadIndex;
 
 /// Indices given back by exited threads, and the next never-used one.
 struct FreeIndices {
@@ -115,23 +142,20 @@ static FREE_INDICES: StaticMutex<FreeIndices> = StaticMutex::new(FreeIndices {
 });
 
 impl ThreadIndex {
-    fn take() -> ThreadIndex {
+    fn take() -> usize {
         let mut f = FREE_INDICES
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let i = match f.free.pop() {
+        match f.free.pop() {
             Some(std::cmp::Reverse(i)) => i,
             None => {
                 f.next += 1;
                 f.next - 1
             }
-        };
-        ThreadIndex(i)
+        }
     }
-}
 
-impl Drop for ThreadIndex {
-    fn drop(&mut self) {
+    fn give_back(i: usize) {
         // The mutex orders the hand-over: this thread's last plain stores to its owned stripes
         // happen before the unlock, and the next thread to take this index locks after it, so
         // its first load of a counter sees the final value (no count is lost).
@@ -139,7 +163,18 @@ impl Drop for ThreadIndex {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .free
-            .push(std::cmp::Reverse(self.0));
+            .push(std::cmp::Reverse(i));
+    }
+}
+
+impl Drop for ThreadIndex {
+    fn drop(&mut self) {
+        // From here on this thread counts on the shared stripe (`GIVEN_BACK`): its index, and
+        // with it its stripes, may belong to a new thread as soon as it is given back.
+        let held = INDEX.with(|c| c.replace(GIVEN_BACK));
+        if held != 0 && held != GIVEN_BACK {
+            ThreadIndex::give_back(held - 1);
+        }
     }
 }
 
@@ -157,7 +192,7 @@ impl Counters {
     }
 
     /// The calling thread's own stripe, if it owns one (claiming it on first use).
-    #[inline]
+    #[inline(always)]
     fn own_stripe(&self) -> Option<&Stripe> {
         let index = stripe_index()?;
         let s = &self.stripes[index & (self.stripes.len() - 1)];
@@ -177,7 +212,7 @@ impl Counters {
         mine.then_some(&**s)
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn count(&self, what: Count, retries: u32) {
         let (s, owned) = match self.own_stripe() {
             Some(s) => (s, true),

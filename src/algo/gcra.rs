@@ -11,7 +11,7 @@ use crate::quota::Rule;
 
 /// Decides a cost-`cost` request at `now`; `headroom` units stay unavailable to this caller
 /// (the priority strategy).
-#[inline]
+#[inline(always)]
 pub(crate) fn decide(tat: u64, now: u64, cost: u64, rule: &Rule, headroom: u64) -> Step<u64> {
     let t = rule.emission;
     let tau = rule.tolerance - headroom * t;
@@ -20,14 +20,28 @@ pub(crate) fn decide(tat: u64, now: u64, cost: u64, rule: &Rule, headroom: u64) 
     let new_tat = base.saturating_add(cost * t);
     let need = new_tat - now;
     if need <= tau {
-        Step::allow(new_tat, rule.capacity, (tau - need) / t, need, 0)
-    } else {
-        Step::deny(
+        Step::allow(
+            new_tat,
             rule.capacity,
-            tau.saturating_sub(debt) / t,
-            debt,
-            need - tau,
+            rule.per_emission.divide(tau - need),
+            need,
+            0,
         )
+    } else {
+        Step::deny(rule.capacity, remaining(tau, debt, rule), debt, need - tau)
+    }
+}
+
+/// Whole units a bucket holding `debt` can still spend: `(tau - debt) / T`. A denied request
+/// usually leaves less than one unit (it was denied because `debt + cost*T > tau`; for a cost
+/// of one that means less than one), so the division is skipped then.
+#[inline(always)]
+fn remaining(tau: u64, debt: u64, rule: &Rule) -> u64 {
+    let room = tau.saturating_sub(debt);
+    if room < rule.emission {
+        0
+    } else {
+        rule.per_emission.divide(room)
     }
 }
 
@@ -51,13 +65,13 @@ pub(crate) fn reserve(
     let delay = conform.saturating_sub(now);
     if delay <= max_delay_ns {
         let at = now + delay;
-        let remaining = (tau - (new_tat - at)) / t;
+        let remaining = rule.per_emission.divide(tau - (new_tat - at));
         Step::allow(new_tat, rule.capacity, remaining, new_tat - now, delay)
     } else {
         let debt = base - now;
         Step::deny(
             rule.capacity,
-            tau.saturating_sub(debt) / t,
+            remaining(tau, debt, rule),
             debt,
             delay - max_delay_ns,
         )

@@ -23,6 +23,7 @@ pub(crate) struct Step<S> {
 }
 
 impl<S> Step<S> {
+    #[inline(always)]
     pub(crate) fn allow(
         next: S,
         limit: u64,
@@ -44,6 +45,7 @@ impl<S> Step<S> {
         }
     }
 
+    #[inline(always)]
     pub(crate) fn deny(
         limit: u64,
         remaining: u64,
@@ -65,9 +67,93 @@ impl<S> Step<S> {
     }
 }
 
+/// Division by a divisor fixed when a quota is compiled, as one multiplication and a shift: an
+/// exact `x / d` for every `x < 2^63` (every numerator the algorithms divide by a GCRA
+/// emission interval is at most a tolerance, below 2^62). A `div` instruction was the single
+/// largest cost of a denial.
+///
+/// With `l = ceil(log2 d)` and `m = ceil(2^(63+l) / d)`, `floor(x / d) = floor(m * x / 2^(63+l))`
+/// for `0 <= x < 2^63` (Granlund and Montgomery, "Division by invariant integers using
+/// multiplication", theorem 4.2 with N = 63: `2^(63+l) <= m*d < 2^(63+l) + d <= 2^(63+l) + 2^l`).
+/// Since `d > 2^(l-1)`, `m < 2^64`: the multiplier fits a `u64`, the product a `u128`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Divisor {
+    /// `ceil(2^(63+l) / d)`.
+    magic: u64,
+    /// `63 + l`.
+    shift: u32,
+}
+
+impl Divisor {
+    /// Numerators must be below this.
+    pub(crate) const MAX_NUMERATOR: u64 = 1 << 63;
+
+    /// The divisor `d` (at least 1, below 2^63).
+    pub(crate) fn new(d: u64) -> Divisor {
+        assert!(
+            (1..Self::MAX_NUMERATOR).contains(&d),
+            "divisor {d} out of range"
+        );
+        let l = u64::BITS - (d - 1).leading_zeros(); // ceil(log2 d); 0 for d = 1
+        let shift = 63 + l;
+        let magic = (1u128 << shift).div_ceil(u128::from(d));
+        Divisor {
+            magic: u64::try_from(magic).expect("the multiplier fits 64 bits (see the type's docs)"),
+            shift,
+        }
+    }
+
+    /// `x / d`, exactly, for `x < 2^63`.
+    #[inline(always)]
+    pub(crate) fn divide(self, x: u64) -> u64 {
+        debug_assert!(x < Self::MAX_NUMERATOR);
+        ((u128::from(x) * u128::from(self.magic)) >> self.shift) as u64
+    }
+}
+
 /// The window a moment falls in, and how far into it: `floor((now + phase) / period)`.
 #[inline]
 pub(crate) fn window_of(now: u64, phase: u64, period: u64) -> (u64, u64) {
     let aligned = now.saturating_add(phase);
     (aligned / period, aligned % period)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Divisor;
+    use proptest::prelude::*;
+
+    /// Divisors at the edges: 1, powers of two and their neighbours, the largest allowed.
+    fn edge_divisors() -> Vec<u64> {
+        let mut d = vec![1, 2, 3, 5, 7, 10, 1000, 1_000_000_007, (1 << 63) - 1];
+        for k in 1..63 {
+            d.extend([(1u64 << k) - 1, 1 << k, (1 << k) + 1]);
+        }
+        d
+    }
+
+    #[test]
+    fn divides_exactly_at_the_edges() {
+        let top = Divisor::MAX_NUMERATOR - 1;
+        for d in edge_divisors() {
+            let div = Divisor::new(d);
+            let near = |q: u64| [q.saturating_mul(d).saturating_sub(1), q.saturating_mul(d)];
+            let xs = [0, 1, d - 1, d, d + 1, top, top - 1, top - d % top]
+                .into_iter()
+                .chain(near(top / d))
+                .chain(near(2))
+                .filter(|&x| x <= top);
+            for x in xs {
+                assert_eq!(div.divide(x), x / d, "{x} / {d}");
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn divides_exactly(d in 1u64..(1 << 63), x in 0u64..(1 << 63), small in 1u64..100_000) {
+            prop_assert_eq!(Divisor::new(d).divide(x), x / d);
+            prop_assert_eq!(Divisor::new(small).divide(x), x / small);
+        }
+    }
 }

@@ -129,13 +129,25 @@ impl Word for Inline<'_> {
 #[cfg_attr(turnstile_broken = "load_store", allow(unreachable_code))]
 pub(crate) fn update_word(
     cell: &impl Word,
-    mut step: impl FnMut(u64) -> Step<u64>,
+    step: impl FnMut(u64) -> Step<u64>,
 ) -> Option<(Decision, Option<u64>, u32)> {
     // Acquire (`Word::current`): pairs with the AcqRel exchange of `Word::swap` (and the Release
     // stores of reset and migration), so a thread that reads a state reads the latest one other
     // threads published; the loom model `denial_sees_what_admissions_published` checks that a
     // denial is ordered after the admissions it counted.
-    let mut current = cell.current()?;
+    update_word_from(cell, cell.current()?, step)
+}
+
+/// [`update_word`] starting from `current`, a value of the word the caller has just read with
+/// `Acquire` (the flat store's probe reads the slot's state with its tag): the same loop without
+/// a second load. A stale `current` only costs a failed swap.
+#[inline(always)]
+#[cfg_attr(turnstile_broken = "load_store", allow(unreachable_code))]
+pub(crate) fn update_word_from(
+    cell: &impl Word,
+    mut current: u64,
+    mut step: impl FnMut(u64) -> Step<u64>,
+) -> Option<(Decision, Option<u64>, u32)> {
     let mut retries = 0;
     loop {
         let Step { decision, next } = step(current);
@@ -170,7 +182,7 @@ pub(crate) fn update(
 
 /// Applies one call to an inline slot: the same decision and state as [`Cell::apply`] on a word
 /// cell holding `word`. `None` when the slot is no longer the key's.
-#[inline]
+#[inline(always)]
 pub(crate) fn apply_inline(
     slot: &Inline<'_>,
     word: u64,
@@ -188,8 +200,9 @@ pub(crate) fn apply_inline(
             retries: 0,
         });
     }
-    let (decision, _, retries) =
-        update_word(slot, |s| decide_word(s, now, cost, rule, headroom, mode))?;
+    let (decision, _, retries) = update_word_from(slot, word, |s| {
+        decide_word(s, now, cost, rule, headroom, mode)
+    })?;
     // No refund token: inline keys are never part of a cross-key compound limit (those spill).
     Some(Applied {
         decision,
@@ -358,8 +371,8 @@ pub(crate) fn decide_fresh(
 }
 
 /// The pure step for a word cell.
-#[inline]
-fn decide_word(
+#[inline(always)]
+pub(crate) fn decide_word(
     state: u64,
     now: u64,
     cost: u64,

@@ -221,7 +221,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     }
 
     /// Finds the slot of the key hashed to `hash`. No lock, no write.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn find(&self, hash: u64) -> Found<'_> {
         let shard = self.shard(hash);
         let groups = self.groups(shard);
