@@ -314,27 +314,29 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         free: Option<Free<'_>>,
         evictable: &mut dyn FnMut(&Entry) -> bool,
     ) -> Result<(), Full> {
-        let mut reserved = self.reserve();
-        if !reserved && self.on_full == OnFull::EvictFresh && self.evict_one(hash, evictable) {
-            reserved = self.reserve();
+        let mut free = free;
+        if !self.reserve() {
+            if !(self.on_full == OnFull::EvictFresh && self.evict_one(hash, evictable)) {
+                return Err(Full);
+            }
+            if !self.reserve() {
+                return Err(Full);
+            }
+            // The eviction may have opened a slot nearer home than the one found before it.
+            if let Err(Some(nearer)) = self.probe_locked(shard, hash) {
+                free = Some(nearer);
+            }
         }
-        if !reserved {
+        let Some(free) = free else {
+            self.release(1);
             return Err(Full);
-        }
-        // An eviction may have opened a slot nearer home than the one found before it.
-        let free = match self.probe_locked(shard, hash) {
-            Err(Some(f)) => f,
-            Err(None) | Ok(_) => match free {
-                Some(f) => f,
-                None => {
-                    self.release(1);
-                    return Err(Full);
-                }
-            },
         };
         // Relaxed: reach is read Relaxed by lock-free lookups (see `find`) and exactly under
-        // this lock; raising it before publishing the tag lets most lookups find the key.
-        shard.reach.fetch_max(free.distance + 1, Ordering::Relaxed);
+        // this lock, the only place it changes (so a load and a store, not an RMW); raising it
+        // before publishing the tag lets most lookups find the key.
+        if free.distance + 1 > shard.reach.load(Ordering::Relaxed) {
+            shard.reach.store(free.distance + 1, Ordering::Relaxed);
+        }
         // Release: publishes the state with the tag (pairs with `find`'s Acquire). Only
         // claims (under this lock) turn a free slot into a live one, and removals never touch
         // a free slot, so this cannot fail; if it did, the slot is left alone and nothing leaks.
