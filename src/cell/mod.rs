@@ -310,15 +310,7 @@ impl Cell {
         match self {
             // Acquire: see `update`; the sweeper's caller holds the store's exclusive access, so
             // no charge can land between this load and the removal.
-            Cell::Word(word) => {
-                let s = word.load(Ordering::Acquire);
-                match rule.kind {
-                    Kind::Gcra => algo::gcra::is_fresh(s, now),
-                    Kind::Fixed => algo::fixed::is_fresh(s, now, rule),
-                    Kind::Sliding => algo::sliding::is_fresh(s, now, rule),
-                    Kind::Log => true,
-                }
-            }
+            Cell::Word(word) => word_is_fresh(word.load(Ordering::Acquire), now, rule),
             Cell::Log(log) => lock(log).is_fresh(now, rule.period),
         }
     }
@@ -355,6 +347,17 @@ impl Cell {
             Cell::Word(_) => 0,
             Cell::Log(log) => std::mem::size_of::<Mutex<Log>>() + lock(log).len() * 16,
         }
+    }
+}
+
+/// True when a word cell holding `state` is indistinguishable from a fresh one at `now`.
+#[inline]
+pub(crate) fn word_is_fresh(state: u64, now: u64, rule: &Rule) -> bool {
+    match rule.kind {
+        Kind::Gcra => algo::gcra::is_fresh(state, now),
+        Kind::Fixed => algo::fixed::is_fresh(state, now, rule),
+        Kind::Sliding => algo::sliding::is_fresh(state, now, rule),
+        Kind::Log => true,
     }
 }
 

@@ -117,7 +117,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for DashStore<K> {
         self.map.shards().len()
     }
 
-    fn sweep_shard(&self, shard: usize, mut remove: impl FnMut(&Entry) -> bool) -> (usize, usize) {
+    fn sweep_shard(&self, shard: usize, now: u64) -> (usize, usize) {
         let Some(lock) = self.map.shards().get(shard) else {
             return (0, 0);
         };
@@ -129,7 +129,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for DashStore<K> {
         // does the same).
         unsafe {
             for bucket in table.iter() {
-                if remove(bucket.as_ref().1.get()) {
+                if bucket.as_ref().1.get().is_fresh(now) {
                     table.erase(bucket);
                     removed += 1;
                 }

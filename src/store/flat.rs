@@ -587,13 +587,14 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
         self.shards.len()
     }
 
-    fn sweep_shard(&self, shard: usize, mut remove: impl FnMut(&Entry) -> bool) -> (usize, usize) {
+    fn sweep_shard(&self, shard: usize, now: u64) -> (usize, usize) {
         let Some(shard) = self.shards.get(shard) else {
             return (0, 0);
         };
         let (mut visited, mut removed) = (0, 0);
         // Inline keys, with no lock: each removal is a swap that fails if a charge landed first.
-        let view = self.view(0);
+        // An inline key is its word under the store's one rule: fresh when the word is.
+        let rule = &self.rules.parts[0];
         let mut markers = false;
         for group in self.groups(shard) {
             for slot in &group.0 {
@@ -607,9 +608,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
                     continue;
                 }
                 visited += 1;
-                view.set_word(word);
                 // AcqRel: see `evict_one`.
-                if remove(&view)
+                if crate::cell::word_is_fresh(word, now, rule)
                     && slot
                         .compare_exchange((t, word), (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
                         .is_ok()
@@ -623,7 +623,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
             // lock, so no check can be inserting the entry of a marker we remove.
             let mut map = sync::write(&shard.spill);
             visited += map.len();
-            map.retain(|_, e| !remove(e));
+            map.retain(|_, e| !e.is_fresh(now));
             let fps = self.fingerprints(&map);
             for group in self.groups(shard) {
                 for slot in &group.0 {

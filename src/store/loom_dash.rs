@@ -125,13 +125,13 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for LoomDashStore<K> {
         self.shards.len()
     }
 
-    fn sweep_shard(&self, shard: usize, mut remove: impl FnMut(&Entry) -> bool) -> (usize, usize) {
+    fn sweep_shard(&self, shard: usize, now: u64) -> (usize, usize) {
         let Some(lock) = self.shards.get(shard) else {
             return (0, 0);
         };
         let mut table = lock.write().unwrap();
         let visited = table.len();
-        table.retain(|_, e| !remove(e));
+        table.retain(|_, e| !e.is_fresh(now));
         let removed = visited - table.len();
         // Relaxed: see `reserve_slot`.
         self.len.fetch_sub(removed, Ordering::Relaxed);

@@ -228,9 +228,9 @@ pub(crate) trait Store<K>: Send + Sync {
     /// Number of shards (the unit of [`Store::sweep_shard`]).
     fn shards(&self) -> usize;
 
-    /// Removes the entries of shard `shard` for which `remove` holds, under exclusive access to
-    /// that shard. Returns `(visited, removed)`.
-    fn sweep_shard(&self, shard: usize, remove: impl FnMut(&Entry) -> bool) -> (usize, usize);
+    /// Removes the entries of shard `shard` that are fresh at `now` ([`Entry::is_fresh`]), under
+    /// exclusive access to that shard. Returns `(visited, removed)`.
+    fn sweep_shard(&self, shard: usize, now: u64) -> (usize, usize);
 
     /// Keys held.
     fn len(&self) -> usize;
