@@ -475,8 +475,53 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// Checks one unit for `key` under the default plan.
     #[inline]
     pub fn check(&self, key: &K) -> Decision {
-        self.decide(key, PlanId::DEFAULT, 1, Mode::Check)
+        let now = clamp_now(self.clock.now());
+        let hash = match &self.store {
+            Map::Flat(s) => {
+                let hash = s.hash(key);
+                if let Some(d) = self.check_inline(s, hash, now) {
+                    return d;
+                }
+                Some(hash)
+            }
+            Map::Dash(_) => None,
+        };
+        self.check_general(key, hash, now)
+    }
+
+    /// [`check`](Self::check) on the general path (out of line, so the short one stays small).
+    #[inline(never)]
+    fn check_general(&self, key: &K, hash: Option<u64>, now: u64) -> Decision {
+        self.decide_at(key, hash, PlanId::DEFAULT, 1, Mode::Check, now)
             .unwrap_or_else(|_| Decision::denied(Reason::Limited, 0))
+    }
+
+    /// The shortest path, for [`check`](Self::check) and [`check_many`](Self::check_many): one
+    /// unit under the default plan for a key whose state is inline in its flat-store slot. The
+    /// same decision, state and count as [`decide_at`](Self::decide_at) (a cost of one always
+    /// fits a plan, and only a queue strategy changes the mode); `None` when it does not apply
+    /// (a new or spilled key, a default plan the slots do not hold, a queue strategy, a slot
+    /// removed under us), having changed nothing: the caller takes the general path.
+    #[inline(always)]
+    fn check_inline(&self, s: &FlatStore<K>, hash: u64, now: u64) -> Option<Decision> {
+        let plan = self.book.current().plans.first()?;
+        if !Arc::ptr_eq(&plan.rules, s.rules()) || matches!(plan.strategy, Strategy::Queue { .. }) {
+            return None;
+        }
+        let Found::Inline { slot, tag, word } = s.find(hash) else {
+            return None;
+        };
+        let rule = plan.rules.parts.first()?;
+        let slot = crate::cell::Inline { slot, tag };
+        let (mut d, retries) = if rule.kind == crate::quota::Kind::Gcra {
+            crate::cell::check_gcra_inline(&slot, word, now, rule, plan.headroom)?
+        } else {
+            let a =
+                crate::cell::apply_inline(&slot, word, now, 1, rule, plan.headroom, Mode::Check)?;
+            (a.decision, a.retries)
+        };
+        self.settle(plan, &mut d, retries, Mode::Check);
+        Some(d)
     }
 
     /// Checks `cost` units for `key` under the default plan. A cost above what the plan can ever

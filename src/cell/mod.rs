@@ -119,14 +119,13 @@ impl Word for Inline<'_> {
     }
 }
 
-/// Applies `step` to `cell` until it sticks: the only retry loop in the crate.
+/// Applies `step` to `cell` until it sticks (through [`swap_loop`], the only retry loop).
 ///
 /// `step` may run several times (once per lost race), each time on the freshest value; it must
 /// be a pure function of its argument. When it returns a denial the loop ends after a plain load,
 /// with no write. Returns the decision, the state written (if any) and the number of retries;
 /// `None` when the word stopped being the key's (an inline slot removed under us).
 #[inline]
-#[cfg_attr(turnstile_broken = "load_store", allow(unreachable_code))]
 pub(crate) fn update_word(
     cell: &impl Word,
     step: impl FnMut(u64) -> Step<u64>,
@@ -142,33 +141,73 @@ pub(crate) fn update_word(
 /// `Acquire` (the flat store's probe reads the slot's state with its tag): the same loop without
 /// a second load. A stale `current` only costs a failed swap.
 #[inline(always)]
-#[cfg_attr(turnstile_broken = "load_store", allow(unreachable_code))]
 pub(crate) fn update_word_from(
     cell: &impl Word,
-    mut current: u64,
+    current: u64,
     mut step: impl FnMut(u64) -> Step<u64>,
 ) -> Option<(Decision, Option<u64>, u32)> {
+    // The decision of the last step taken: the one on the state the outcome was decided on.
+    let mut decision = None;
+    let (_, written, retries) = swap_loop(cell, current, |s| {
+        let Step { decision: d, next } = step(s);
+        decision = Some(d);
+        next
+    })?;
+    Some((decision?, written, retries))
+}
+
+/// The one retry loop: from `current` (just read with `Acquire`), swaps in `next(state)` until a
+/// swap sticks or `next` declines (a denial: no write). `next` may run several times, once per
+/// lost race, each time on the freshest value; it must be a pure function of its argument.
+/// Returns the state the outcome was decided on, the state written (if any) and the number of
+/// retries; `None` when the word stopped being the key's (an inline slot removed under us).
+#[inline(always)]
+#[cfg_attr(turnstile_broken = "load_store", allow(unreachable_code))]
+pub(crate) fn swap_loop(
+    cell: &impl Word,
+    mut current: u64,
+    mut next: impl FnMut(u64) -> Option<u64>,
+) -> Option<(u64, Option<u64>, u32)> {
     let mut retries = 0;
     loop {
-        let Step { decision, next } = step(current);
-        let Some(next) = next else {
-            return Some((decision, None, retries));
+        let Some(n) = next(current) else {
+            return Some((current, None, retries));
         };
         // Deliberately broken cell for scripts/must-fail.sh: a load then a blind write, so two
         // racing charges can both decide on the same state and one overwrites the other.
         #[cfg(turnstile_broken = "load_store")]
         {
-            cell.overwrite(next);
-            return Some((decision, Some(next), retries));
+            cell.overwrite(n);
+            return Some((current, Some(n), retries));
         }
-        match cell.swap(current, next) {
-            Ok(()) => return Some((decision, Some(next), retries)),
+        match cell.swap(current, n) {
+            Ok(()) => return Some((current, Some(n), retries)),
             Err(actual) => {
                 current = actual?;
                 retries += 1;
             }
         }
     }
+}
+
+/// One unit on an inline slot holding a GCRA bucket, `word` just read with its tag: the loop
+/// runs only the admission test ([`algo::gcra::admit`]), and the decision is taken once, after
+/// it, from the state it was decided on (the same `Decision` as [`apply_inline`]). The check
+/// path of the default algorithm. `None` when the slot is no longer the key's.
+#[inline(always)]
+pub(crate) fn check_gcra_inline(
+    slot: &Inline<'_>,
+    word: u64,
+    now: u64,
+    rule: &Rule,
+    headroom: u64,
+) -> Option<(Decision, u32)> {
+    let (state, _, retries) =
+        swap_loop(slot, word, |s| algo::gcra::admit(s, now, 1, rule, headroom))?;
+    Some((
+        algo::gcra::decide(state, now, 1, rule, headroom).decision,
+        retries,
+    ))
 }
 
 /// [`update_word`] on a cell's own word, which is always the key's.
