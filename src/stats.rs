@@ -40,20 +40,18 @@ pub struct Stats {
 struct Stripe {
     /// The thread that owns this stripe (`stripe_index() + 1`), 0 while unowned.
     owner: AtomicUsize,
-    allowed: AtomicU64,
-    denied: AtomicU64,
-    soft_passed: AtomicU64,
-    table_full: AtomicU64,
+    /// One counter per [`Count`], indexed by it (a table-full denial also counts as denied).
+    counts: [AtomicU64; 4],
     cas_retries: AtomicU64,
 }
 
-/// What a check adds to the counters.
-#[derive(Debug, Clone, Copy)]
+/// What a check adds to the counters (the index of its counter in a stripe).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Count {
-    Allowed,
-    Denied,
-    SoftPassed,
-    TableFull,
+    Allowed = 0,
+    Denied = 1,
+    SoftPassed = 2,
+    TableFull = 3,
 }
 
 impl Count {
@@ -228,16 +226,10 @@ impl Counters {
                 c.fetch_add(n, Ordering::Relaxed);
             }
         };
-        let c = match what {
-            Count::Allowed => &s.allowed,
-            Count::Denied => &s.denied,
-            Count::SoftPassed => &s.soft_passed,
-            Count::TableFull => {
-                add(&s.denied, 1);
-                &s.table_full
-            }
-        };
-        add(c, 1);
+        if what == Count::TableFull {
+            add(&s.counts[Count::Denied as usize], 1);
+        }
+        add(&s.counts[what as usize], 1);
         if retries > 0 {
             add(&s.cas_retries, u64::from(retries));
         }
@@ -258,10 +250,11 @@ impl Counters {
             ..Stats::default()
         };
         for s in self.stripes.iter().chain(std::iter::once(&self.shared)) {
-            st.allowed += s.allowed.load(Ordering::Relaxed);
-            st.denied += s.denied.load(Ordering::Relaxed);
-            st.soft_passed += s.soft_passed.load(Ordering::Relaxed);
-            st.table_full += s.table_full.load(Ordering::Relaxed);
+            let n = |c: Count| s.counts[c as usize].load(Ordering::Relaxed);
+            st.allowed += n(Count::Allowed);
+            st.denied += n(Count::Denied);
+            st.soft_passed += n(Count::SoftPassed);
+            st.table_full += n(Count::TableFull);
             st.cas_retries += s.cas_retries.load(Ordering::Relaxed);
         }
         st.evictions = self.evictions.load(Ordering::Relaxed);
@@ -295,7 +288,7 @@ mod tests {
                 4 * counters.stripes.len() as u64,
                 "no count lost"
             );
-            counters.shared.allowed.load(Ordering::Relaxed) == 0
+            counters.shared.counts[Count::Allowed as usize].load(Ordering::Relaxed) == 0
         });
         assert!(clean_round, "every round counted on the shared stripe");
     }
