@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proves the suite can fail: builds the deliberately broken cell (`cell::update` under
+# Proves the suite can fail: builds the deliberately broken cell (`cell::swap_loop` under
 # `--cfg turnstile_broken=...`) and runs the checks that must catch it. Succeeds only if every
 # one of them FAILS, for the right reason:
 #

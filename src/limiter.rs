@@ -578,9 +578,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             }
             let now = clamp_now(self.clock.now());
             for ((key, d), h) in keys.iter().zip(out).zip(hashes) {
-                *d = self
-                    .decide_at(key, Some(h), PlanId::DEFAULT, 1, Mode::Check, now)
-                    .unwrap_or_else(|_| Decision::denied(Reason::Limited, 0));
+                *d = match self.check_inline(s, h, now) {
+                    Some(d) => d,
+                    None => self.check_general(key, Some(h), now),
+                };
             }
         }
         n

@@ -5,7 +5,8 @@
 //! load and store (no locked instruction: a `lock xadd` was a quarter of a denial's cost); a
 //! thread whose stripe another thread owns counts with `fetch_add` on the shared stripe. Only an
 //! owner ever writes an owned stripe, so no count is lost. A thread's index (and with it its
-//! stripes) passes to the next thread started after it exits.
+//! stripes) passes to the next thread started after it exited (after its thread-local
+//! destructors ran).
 
 use crossbeam_utils::CachePadded;
 
@@ -38,10 +39,10 @@ pub struct Stats {
 /// Counters a thread bumps on the hot path.
 #[derive(Default)]
 struct Stripe {
-    /// The thread that owns this stripe (`stripe_index() + 1`), 0 while unowned.
+    /// The index of the thread that owns this stripe, plus one; 0 while unowned.
     owner: AtomicUsize,
     /// One counter per [`Count`], indexed by it (a table-full denial also counts as denied).
-    counts: [AtomicU64; 4],
+    counts: [AtomicU64; Count::KINDS],
     cas_retries: AtomicU64,
 }
 
@@ -52,6 +53,11 @@ pub(crate) enum Count {
     Denied = 1,
     SoftPassed = 2,
     TableFull = 3,
+}
+
+impl Count {
+    /// How many kinds of count there are (the length of a stripe's `counts`).
+    const KINDS: usize = Count::TableFull as usize + 1;
 }
 
 impl Count {
@@ -113,8 +119,10 @@ thread_local! {
 #[cold]
 fn take_index() -> Option<usize> {
     let i = ThreadIndex::take();
-    // Registers the destructor; fails only while the thread is already exiting, when the index
-    // must not outlive it: give it straight back and count on the shared stripe.
+    // Registers the destructor (also from another thread-local's destructor: std runs
+    // destructors registered during teardown too). Defensive: it could only fail once `RELEASE`
+    // was destroyed, and its destructor leaves `GIVEN_BACK`, so this is never reached then; if
+    // it were, the index must not outlive the thread: give it straight back.
     if RELEASE.try_with(|_| ()).is_err() {
         ThreadIndex::give_back(i);
         return None;
@@ -170,6 +178,7 @@ impl Drop for ThreadIndex {
         // From here on this thread counts on the shared stripe (`GIVEN_BACK`): its index, and
         // with it its stripes, may belong to a new thread as soon as it is given back.
         let held = INDEX.with(|c| c.replace(GIVEN_BACK));
+        // Always an index: `RELEASE` is registered only after one was taken (defensive check).
         if held != 0 && held != GIVEN_BACK {
             ThreadIndex::give_back(held - 1);
         }
@@ -198,8 +207,9 @@ impl Counters {
         // Relaxed (owner): ownership is claimed once per index and never changes (a thread that
         // inherits an index inherits its stripes, after the hand-over's mutex); a thread only
         // needs to know whether the owner is its index, which its own claim or its
-        // predecessor's (both before it in happens-before) or any older value answers correctly. Under loom every model thread shares one OS
-        // thread's index, so models always take the shared stripe.
+        // predecessor's (both before it in happens-before) or any older value answers
+        // correctly. Under loom every model thread shares one OS thread's index, so models
+        // always take the shared stripe.
         let owner = s.owner.load(Ordering::Relaxed);
         let mine = !cfg!(turnstile_loom)
             && (owner == me
@@ -271,15 +281,18 @@ mod tests {
     /// Threads that replace one another, more of them over time than there are stripes, all
     /// count on owned stripes: each new thread inherits an exited one's index. Without the
     /// hand-over, the later threads' indices land on stripes dead threads own and every count
-    /// goes to the shared stripe. (Other tests' threads may take a freed index in between, so a
-    /// round can miss; one clean round of five is proof.)
+    /// goes to the shared stripe. Each thread is joined explicitly (a scope's implicit join does
+    /// not wait for thread-local destructors, which give the index back). Other tests' threads
+    /// may take a freed index in between, so a round can miss; one clean round of five is proof.
     #[test]
     fn a_new_thread_inherits_an_exited_threads_stripe() {
         let clean_round = (0..5).any(|_| {
             let counters = Counters::new();
             for _ in 0..4 * counters.stripes.len() {
                 std::thread::scope(|s| {
-                    s.spawn(|| counters.count(Count::Allowed, 0));
+                    s.spawn(|| counters.count(Count::Allowed, 0))
+                        .join()
+                        .expect("counting thread");
                 });
             }
             let st = counters.snapshot(0);

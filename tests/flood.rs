@@ -207,8 +207,8 @@ fn key_flood_with_eviction_evicts_only_fresh_keys() {
     assert_eq!(d.retry_after(), Duration::from_millis(100));
     println!(
         "eviction flood: cap {cap}, {} shards: a new key at the cap with nothing fresh costs \
-         {per_denial:.0} ns (a scan of its shard); then {admitted} fresh keys evicted, the victim \
-         kept",
+         {per_denial:.0} ns (a bounded look near its home slot, in 4 shards); then {admitted} \
+         fresh keys evicted, the victim kept",
         l.shard_loads().len()
     );
 }

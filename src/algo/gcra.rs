@@ -45,16 +45,6 @@ fn remaining(tau: u64, debt: u64, rule: &Rule) -> u64 {
     }
 }
 
-/// The admission test of [`decide`] alone: the next TAT when a cost-`cost` request at `now` is
-/// admitted, `None` when it is denied (`decide(..).next`, without the decision's other fields,
-/// for the compare-and-swap loop of the check path).
-#[inline(always)]
-pub(crate) fn admit(tat: u64, now: u64, cost: u64, rule: &Rule, headroom: u64) -> Option<u64> {
-    let tau = rule.tolerance - headroom * rule.emission;
-    let new_tat = tat.max(now).saturating_add(cost * rule.emission);
-    (new_tat - now <= tau).then_some(new_tat)
-}
-
 /// The leaky bucket as a queue (nginx `limit_req` without `nodelay`): the request is admitted
 /// for the moment it conforms, `max(TAT, now) + n*T - tau`, if that is at most `max_delay_ns`
 /// away; the decision's `delay` says how long to wait.
@@ -113,34 +103,4 @@ pub(crate) fn migrate(tat: u64, now: u64, old: &Rule, new: &Rule) -> u64 {
     }
     let scaled = u128::from(debt) * u128::from(new.emission) / u128::from(old.emission);
     now + u64::try_from(scaled).unwrap_or(u64::MAX).min(new.tolerance)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::quota::Quota;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// `admit` is `decide`'s admission, state for state.
-        #[test]
-        fn admit_is_decides_admission(
-            limit in 1u64..1_000_000,
-            period_ms in 1u64..100_000,
-            burst in 1u64..1000,
-            tat in 0u64..(1 << 62),
-            now in 0u64..(1 << 62),
-            cost_pick in 0u64..1000,
-            headroom_pick in 0u64..1000,
-        ) {
-            let q = Quota::new(limit, std::time::Duration::from_millis(period_ms)).burst(burst);
-            let Ok(rule) = q.compile(0) else { return Ok(()) };
-            let headroom = headroom_pick % rule.capacity;
-            let cost = 1 + cost_pick % (rule.capacity - headroom);
-            prop_assert_eq!(
-                admit(tat, now, cost, &rule, headroom),
-                decide(tat, now, cost, &rule, headroom).next
-            );
-        }
-    }
 }

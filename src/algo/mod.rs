@@ -69,7 +69,7 @@ impl<S> Step<S> {
 
 /// Division by a divisor fixed when a quota is compiled, as one multiplication and a shift: an
 /// exact `x / d` for every `x < 2^63` (every numerator the algorithms divide by a GCRA
-/// emission interval is at most a tolerance, below 2^62). A `div` instruction was the single
+/// emission interval is at most a tolerance, at most 2^62). A `div` instruction was the single
 /// largest cost of a denial.
 ///
 /// With `l = ceil(log2 d)` and `m = ceil(2^(63+l) / d)`, `floor(x / d) = floor(m * x / 2^(63+l))`

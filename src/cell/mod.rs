@@ -35,9 +35,10 @@ pub(crate) struct Applied {
     pub(crate) retries: u32,
 }
 
-/// The ordering of the loads in [`update`]: `Acquire`, except in the deliberately broken build
+/// The ordering of the loads a charge decides on (a cell's in [`update`], an inline slot's in the
+/// flat store's probe): `Acquire`, except in the deliberately broken build
 /// `--cfg turnstile_broken="relaxed"` (scripts/must-fail.sh), which the loom suite must catch.
-const ACQUIRE: Ordering = if cfg!(turnstile_broken = "relaxed") {
+pub(crate) const ACQUIRE: Ordering = if cfg!(turnstile_broken = "relaxed") {
     Ordering::Relaxed
 } else {
     Ordering::Acquire
@@ -46,8 +47,6 @@ const ACQUIRE: Ordering = if cfg!(turnstile_broken = "relaxed") {
 /// A word the one CAS loop can drive: a cell's `AtomicU64`, or an inline slot of the flat store
 /// (whose word belongs to the key only while the slot still holds the key's tag).
 pub(crate) trait Word {
-    /// The current state; `None` when the word no longer belongs to the key.
-    fn current(&self) -> Option<u64>;
     /// Replaces `current` by `next`; on failure, what the word holds now (`None`: no longer the
     /// key's).
     fn swap(&self, current: u64, next: u64) -> Result<(), Option<u64>>;
@@ -57,15 +56,6 @@ pub(crate) trait Word {
 }
 
 impl Word for AtomicU64 {
-    #[inline]
-    fn current(&self) -> Option<u64> {
-        // Acquire: pairs with the AcqRel exchange in `swap` (and the Release stores of reset and
-        // migration), so a thread that reads a state reads the latest one other threads
-        // published; Relaxed would also be correct for the count itself (one word, one
-        // modification order), but Acquire costs nothing on x86 and keeps a denial ordered after
-        // the admissions it counted.
-        Some(self.load(ACQUIRE))
-    }
     #[inline]
     fn swap(&self, current: u64, next: u64) -> Result<(), Option<u64>> {
         // AcqRel on success: this charge is ordered with every other charge of the cell (they
@@ -90,12 +80,6 @@ pub(crate) struct Inline<'a> {
 
 impl Word for Inline<'_> {
     #[inline]
-    fn current(&self) -> Option<u64> {
-        // Acquire: as for a cell; the tag and word come from one 16-byte load.
-        let (tag, word) = self.slot.load(ACQUIRE);
-        (tag == self.tag).then_some(word)
-    }
-    #[inline]
     fn swap(&self, current: u64, next: u64) -> Result<(), Option<u64>> {
         // AcqRel / Acquire: as for a cell. The swap compares the tag too, so it fails once the
         // slot was removed (swept, reset, evicted, spilled) or taken by another key: a charge
@@ -119,29 +103,17 @@ impl Word for Inline<'_> {
     }
 }
 
-/// Applies `step` to `cell` until it sticks (through [`swap_loop`], the only retry loop).
+/// Applies `step` to `cell` from `current`, a value of the word the caller has just read with
+/// [`ACQUIRE`] (a cell's own load in [`update`]; the flat store's probe, which reads an inline
+/// slot's state with its tag), until it sticks, through [`swap_loop`]. A stale `current` only
+/// costs a failed swap.
 ///
 /// `step` may run several times (once per lost race), each time on the freshest value; it must
-/// be a pure function of its argument. When it returns a denial the loop ends after a plain load,
-/// with no write. Returns the decision, the state written (if any) and the number of retries;
-/// `None` when the word stopped being the key's (an inline slot removed under us).
-#[inline]
-pub(crate) fn update_word(
-    cell: &impl Word,
-    step: impl FnMut(u64) -> Step<u64>,
-) -> Option<(Decision, Option<u64>, u32)> {
-    // Acquire (`Word::current`): pairs with the AcqRel exchange of `Word::swap` (and the Release
-    // stores of reset and migration), so a thread that reads a state reads the latest one other
-    // threads published; the loom model `denial_sees_what_admissions_published` checks that a
-    // denial is ordered after the admissions it counted.
-    update_word_from(cell, cell.current()?, step)
-}
-
-/// [`update_word`] starting from `current`, a value of the word the caller has just read with
-/// `Acquire` (the flat store's probe reads the slot's state with its tag): the same loop without
-/// a second load. A stale `current` only costs a failed swap.
+/// be a pure function of its argument. When it returns a denial the loop ends with no write.
+/// Returns the decision, the state written (if any) and the number of retries; `None` when the
+/// word stopped being the key's (an inline slot removed under us).
 #[inline(always)]
-pub(crate) fn update_word_from(
+fn update_word_from(
     cell: &impl Word,
     current: u64,
     mut step: impl FnMut(u64) -> Step<u64>,
@@ -153,7 +125,8 @@ pub(crate) fn update_word_from(
         decision = Some(d);
         next
     })?;
-    Some((decision?, written, retries))
+    let decision = decision.expect("the loop decides at least once");
+    Some((decision, written, retries))
 }
 
 /// The one retry loop: from `current` (just read with `Acquire`), swaps in `next(state)` until a
@@ -163,7 +136,7 @@ pub(crate) fn update_word_from(
 /// retries; `None` when the word stopped being the key's (an inline slot removed under us).
 #[inline(always)]
 #[cfg_attr(turnstile_broken = "load_store", allow(unreachable_code))]
-pub(crate) fn swap_loop(
+fn swap_loop(
     cell: &impl Word,
     mut current: u64,
     mut next: impl FnMut(u64) -> Option<u64>,
@@ -191,9 +164,10 @@ pub(crate) fn swap_loop(
 }
 
 /// One unit on an inline slot holding a GCRA bucket, `word` just read with its tag: the loop
-/// runs only the admission test ([`algo::gcra::admit`]), and the decision is taken once, after
-/// it, from the state it was decided on (the same `Decision` as [`apply_inline`]). The check
-/// path of the default algorithm. `None` when the slot is no longer the key's.
+/// keeps only the next state of each step (the unused fields of its decision compile away),
+/// and the decision is taken once, after it, from the state the outcome was decided on (the
+/// same `Decision` as [`apply_inline`]). The check path of the default algorithm. `None` when
+/// the slot is no longer the key's.
 #[inline(always)]
 pub(crate) fn check_gcra_inline(
     slot: &Inline<'_>,
@@ -202,21 +176,28 @@ pub(crate) fn check_gcra_inline(
     rule: &Rule,
     headroom: u64,
 ) -> Option<(Decision, u32)> {
-    let (state, _, retries) =
-        swap_loop(slot, word, |s| algo::gcra::admit(s, now, 1, rule, headroom))?;
+    let (state, _, retries) = swap_loop(slot, word, |s| {
+        algo::gcra::decide(s, now, 1, rule, headroom).next
+    })?;
     Some((
         algo::gcra::decide(state, now, 1, rule, headroom).decision,
         retries,
     ))
 }
 
-/// [`update_word`] on a cell's own word, which is always the key's.
+/// [`update_word_from`] on a cell's own word, which is always the key's, from a fresh load.
 #[inline]
 pub(crate) fn update(
     cell: &AtomicU64,
     step: impl FnMut(u64) -> Step<u64>,
 ) -> (Decision, Option<u64>, u32) {
-    update_word(cell, step).expect("a cell's word is always its key's")
+    // Acquire: pairs with the AcqRel exchange of `Word::swap` (and the Release stores of reset
+    // and migration), so a thread that reads a state reads the latest one other threads
+    // published; the loom model `denial_sees_what_admissions_published` checks that a denial is
+    // ordered after the admissions it counted. Relaxed would do for the count itself (one word,
+    // one modification order); Acquire costs nothing on x86.
+    let current = cell.load(ACQUIRE);
+    update_word_from(cell, current, step).expect("a cell's word is always its key's")
 }
 
 /// Applies one call to an inline slot: the same decision and state as [`Cell::apply`] on a word
@@ -414,7 +395,7 @@ pub(crate) fn decide_fresh(
 
 /// The pure step for a word cell.
 #[inline(always)]
-pub(crate) fn decide_word(
+fn decide_word(
     state: u64,
     now: u64,
     cost: u64,

@@ -248,9 +248,12 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
             let group = &groups[g].0;
             for j in 0..GROUP {
                 let slot = &group[(first + j) % GROUP];
-                // Acquire: pairs with the Release of the claim that wrote this tag, so the state
-                // word the claim published (fresh, 0) or any later swap's word is what we see.
-                let (t, word) = slot.load(Ordering::Acquire);
+                // Acquire (`cell::ACQUIRE`, which the deliberately broken build weakens): pairs
+                // with the Release of the claim that wrote this tag, so the state word the claim
+                // published (fresh, 0) or any later swap's word is what we see; and with the
+                // AcqRel swaps of the key's charges, so a check that decides on this word (a
+                // denial writes nothing more) is ordered after the admissions it counts.
+                let (t, word) = slot.load(crate::cell::ACQUIRE);
                 if t == inline {
                     return Found::Inline { slot, tag: t, word };
                 }
@@ -322,16 +325,15 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
 
     /// Claims a slot for a new key (under `shard`'s write lock), honouring the cap and the
     /// `OnFull` policy. Writes `(tag, word)`.
-    fn claim(
-        &self,
+    fn claim<'a>(
+        &'a self,
         shard: &Shard<K>,
         hash: u64,
         kind: u64,
         word: u64,
-        free: Option<Free<'_>>,
+        mut free: Option<Free<'a>>,
         evictable: &mut dyn FnMut(&Entry) -> bool,
     ) -> Result<(), Full> {
-        let mut free = free;
         if !self.reserve() {
             if !(self.on_full == OnFull::EvictFresh && self.evict_one(hash, evictable)) {
                 return Err(Full);

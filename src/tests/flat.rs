@@ -11,8 +11,18 @@ use crate::{
 };
 
 fn build(store: StoreKind, q: Quota, clock: &FakeClock, max_keys: usize) -> Limiter<u8, FakeClock> {
+    build_with(store, Plan::new([q]), clock, max_keys)
+}
+
+/// [`build`] with a whole default plan (its strategy and headroom too).
+fn build_with(
+    store: StoreKind,
+    default: Plan,
+    clock: &FakeClock,
+    max_keys: usize,
+) -> Limiter<u8, FakeClock> {
     let l = Limiter::builder()
-        .quota(q)
+        .plan("default", default)
         .plan("other", Plan::new([Quota::per_second(3).burst(2)]))
         .plan(
             "compound",
@@ -112,9 +122,11 @@ fn apply(l: &Limiter<u8, FakeClock>, clock: &FakeClock, op: &Op) -> Answer {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
-    /// Every operation answers the same on both stores, and both track the same number of keys:
-    /// inline keys, spilled ones (penalties, other plans, compound and cross-key limits), plan
-    /// changes, sweeps and resets (six keys, a cap of six).
+    /// Every operation answers the same on both stores, and both keep the same stats (keys,
+    /// admissions, denials, soft passes, sweeps): inline keys (the flat store's short check
+    /// path), spilled ones (penalties, other plans, compound and cross-key limits), plan changes,
+    /// sweeps and resets (six keys, a cap of six), under a hard or soft default plan with or
+    /// without headroom.
     #[test]
     fn flat_and_dash_stores_agree(
         alg in prop_oneof![
@@ -122,16 +134,20 @@ proptest! {
             Just(Algorithm::FixedWindow),
             Just(Algorithm::SlidingWindowCounter),
         ],
+        soft in any::<bool>(),
+        headroom in 0u64..2,
         ops in proptest::collection::vec(op(), 1..80),
     ) {
         let q = Quota::per_second(4).burst(4).algorithm(alg);
+        let strategy = if soft { crate::Strategy::Soft } else { crate::Strategy::Hard };
+        let default = Plan::new([q]).strategy(strategy).headroom(headroom);
         let (fc, dc) = (FakeClock::new(), FakeClock::new());
-        let flat = build(StoreKind::Flat, q, &fc, 6);
-        let dash = build(StoreKind::Dash, q, &dc, 6);
+        let flat = build_with(StoreKind::Flat, default.clone(), &fc, 6);
+        let dash = build_with(StoreKind::Dash, default, &dc, 6);
         for (i, op) in ops.iter().enumerate() {
             let (a, b) = (apply(&flat, &fc, op), apply(&dash, &dc, op));
             prop_assert_eq!(&a, &b, "op {} {:?}", i, op);
-            prop_assert_eq!(flat.len(), dash.len(), "keys after op {} {:?}", i, op);
+            prop_assert_eq!(flat.stats(), dash.stats(), "stats after op {} {:?}", i, op);
         }
     }
 
