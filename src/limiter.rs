@@ -513,14 +513,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         };
         let rule = plan.rules.parts.first()?;
         let slot = crate::cell::Inline { slot, tag };
-        let (mut d, retries) = if rule.kind == crate::quota::Kind::Gcra {
-            crate::cell::check_gcra_inline(&slot, word, now, rule, plan.headroom)?
-        } else {
-            let a =
-                crate::cell::apply_inline(&slot, word, now, 1, rule, plan.headroom, Mode::Check)?;
-            (a.decision, a.retries)
-        };
-        self.settle(plan, &mut d, retries, Mode::Check);
+        let a = crate::cell::apply_inline(&slot, word, now, 1, rule, plan.headroom, Mode::Check)?;
+        let mut d = a.decision;
+        self.settle(plan, &mut d, a.retries, Mode::Check);
         Some(d)
     }
 

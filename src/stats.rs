@@ -58,9 +58,7 @@ pub(crate) enum Count {
 impl Count {
     /// How many kinds of count there are (the length of a stripe's `counts`).
     const KINDS: usize = Count::TableFull as usize + 1;
-}
 
-impl Count {
     /// The counter a decision adds to.
     pub(crate) fn of(d: &crate::Decision) -> Count {
         match d.reason {
@@ -112,19 +110,19 @@ thread_local! {
     /// destructor, so reading it is one thread-local load. [`RELEASE`] gives the index back.
     static INDEX: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     /// Gives the thread's index back when the thread exits (registered on first use).
-    static RELEASE: ThreadIndex = const { ThreadIndex };
+    static RELEASE: GiveBack = const { GiveBack };
 }
 
 /// First use on this thread: takes an index and arranges for it to be given back at exit.
 #[cold]
 fn take_index() -> Option<usize> {
-    let i = ThreadIndex::take();
+    let i = FreeIndices::take();
     // Registers the destructor (also from another thread-local's destructor: std runs
     // destructors registered during teardown too). Defensive: it could only fail once `RELEASE`
     // was destroyed, and its destructor leaves `GIVEN_BACK`, so this is never reached then; if
     // it were, the index must not outlive the thread: give it straight back.
     if RELEASE.try_with(|_| ()).is_err() {
-        ThreadIndex::give_back(i);
+        FreeIndices::give_back(i);
         return None;
     }
     INDEX.with(|c| c.set(i + 1));
@@ -132,7 +130,7 @@ fn take_index() -> Option<usize> {
 }
 
 /// Gives the thread's index back when dropped, at thread exit.
-struct ThreadIndex;
+struct GiveBack;
 
 /// Indices given back by exited threads, and the next never-used one.
 struct FreeIndices {
@@ -147,11 +145,17 @@ static FREE_INDICES: StaticMutex<FreeIndices> = StaticMutex::new(FreeIndices {
     next: 0,
 });
 
-impl ThreadIndex {
-    fn take() -> usize {
-        let mut f = FREE_INDICES
+impl FreeIndices {
+    fn lock() -> std::sync::MutexGuard<'static, FreeIndices> {
+        // Poisoning carries nothing here: the heap and the counter are valid after any panic.
+        FREE_INDICES
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The smallest index no live thread holds.
+    fn take() -> usize {
+        let mut f = FreeIndices::lock();
         match f.free.pop() {
             Some(std::cmp::Reverse(i)) => i,
             None => {
@@ -165,22 +169,18 @@ impl ThreadIndex {
         // The mutex orders the hand-over: this thread's last plain stores to its owned stripes
         // happen before the unlock, and the next thread to take this index locks after it, so
         // its first load of a counter sees the final value (no count is lost).
-        FREE_INDICES
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .free
-            .push(std::cmp::Reverse(i));
+        FreeIndices::lock().free.push(std::cmp::Reverse(i));
     }
 }
 
-impl Drop for ThreadIndex {
+impl Drop for GiveBack {
     fn drop(&mut self) {
         // From here on this thread counts on the shared stripe (`GIVEN_BACK`): its index, and
         // with it its stripes, may belong to a new thread as soon as it is given back.
         let held = INDEX.with(|c| c.replace(GIVEN_BACK));
         // Always an index: `RELEASE` is registered only after one was taken (defensive check).
         if held != 0 && held != GIVEN_BACK {
-            ThreadIndex::give_back(held - 1);
+            FreeIndices::give_back(held - 1);
         }
     }
 }

@@ -163,28 +163,6 @@ fn swap_loop(
     }
 }
 
-/// One unit on an inline slot holding a GCRA bucket, `word` just read with its tag: the loop
-/// keeps only the next state of each step (the unused fields of its decision compile away),
-/// and the decision is taken once, after it, from the state the outcome was decided on (the
-/// same `Decision` as [`apply_inline`]). The check path of the default algorithm. `None` when
-/// the slot is no longer the key's.
-#[inline(always)]
-pub(crate) fn check_gcra_inline(
-    slot: &Inline<'_>,
-    word: u64,
-    now: u64,
-    rule: &Rule,
-    headroom: u64,
-) -> Option<(Decision, u32)> {
-    let (state, _, retries) = swap_loop(slot, word, |s| {
-        algo::gcra::decide(s, now, 1, rule, headroom).next
-    })?;
-    Some((
-        algo::gcra::decide(state, now, 1, rule, headroom).decision,
-        retries,
-    ))
-}
-
 /// [`update_word_from`] on a cell's own word, which is always the key's, from a fresh load.
 #[inline]
 pub(crate) fn update(
@@ -220,9 +198,21 @@ pub(crate) fn apply_inline(
             retries: 0,
         });
     }
-    let (decision, _, retries) = update_word_from(slot, word, |s| {
-        decide_word(s, now, cost, rule, headroom, mode)
-    })?;
+    let (decision, retries) = if (rule.kind, mode) == (Kind::Gcra, Mode::Check) {
+        // The check of the default algorithm: the loop keeps only the next state of each step
+        // (the unused fields of its decision compile away), and the decision is taken once,
+        // after it, from the state the outcome was decided on (the same `Decision`).
+        let (state, _, retries) = swap_loop(slot, word, |s| {
+            algo::gcra::decide(s, now, cost, rule, headroom).next
+        })?;
+        let decision = algo::gcra::decide(state, now, cost, rule, headroom).decision;
+        (decision, retries)
+    } else {
+        let (decision, _, retries) = update_word_from(slot, word, |s| {
+            decide_word(s, now, cost, rule, headroom, mode)
+        })?;
+        (decision, retries)
+    };
     // No refund token: inline keys are never part of a cross-key compound limit (those spill).
     Some(Applied {
         decision,
