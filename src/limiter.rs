@@ -463,6 +463,15 @@ impl<K> Limiter<K, MonotonicClock> {
     }
 }
 
+/// A soft strategy lets an over-quota request through, flagged.
+#[inline(always)]
+fn soften(plan: &Compiled, d: &mut Decision) {
+    if !d.allowed && d.reason == Reason::Limited && plan.strategy == Strategy::Soft {
+        d.allowed = true;
+        d.reason = Reason::SoftLimit;
+    }
+}
+
 /// Undo information for a charged key: one refund token per part.
 #[derive(Debug, Clone, Copy, Default)]
 struct Tokens {
@@ -475,18 +484,17 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// Checks one unit for `key` under the default plan.
     #[inline]
     pub fn check(&self, key: &K) -> Decision {
-        let now = clamp_now(self.clock.now());
         let hash = match &self.store {
             Map::Flat(s) => {
                 let hash = s.hash(key);
-                if let Some(d) = self.check_inline(s, hash, now) {
+                if let Some(d) = self.check_inline(s, hash, || clamp_now(self.clock.now())) {
                     return d;
                 }
                 Some(hash)
             }
             Map::Dash(_) => None,
         };
-        self.check_general(key, hash, now)
+        self.check_general(key, hash, clamp_now(self.clock.now()))
     }
 
     /// [`check`](Self::check) on the general path (out of line, so the short one stays small).
@@ -502,8 +510,17 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// fits a plan, and only a queue strategy changes the mode); `None` when it does not apply
     /// (a new or spilled key, a default plan the slots do not hold, a queue strategy, a slot
     /// removed under us), having changed nothing: the caller takes the general path.
+    ///
+    /// `now` is called once, after the key's slot was loaded: a TSC read does not overlap the
+    /// loads before it (measured on x86: a denial on a cached key took 30 ns reading the clock
+    /// first and 28 ns reading it last, 32 and 28 on random keys of 1,000).
     #[inline(always)]
-    fn check_inline(&self, s: &FlatStore<K>, hash: u64, now: u64) -> Option<Decision> {
+    fn check_inline(
+        &self,
+        s: &FlatStore<K>,
+        hash: u64,
+        now: impl FnOnce() -> u64,
+    ) -> Option<Decision> {
         let plan = self.book.current().plans.first()?;
         if !Arc::ptr_eq(&plan.rules, s.rules()) || matches!(plan.strategy, Strategy::Queue { .. }) {
             return None;
@@ -513,9 +530,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         };
         let rule = plan.rules.parts.first()?;
         let slot = crate::cell::Inline { slot, tag };
-        let a = crate::cell::apply_inline(&slot, word, now, 1, rule, plan.headroom, Mode::Check)?;
+        let tally = self.counters.tally();
+        let a = crate::cell::apply_inline(&slot, word, now(), 1, rule, plan.headroom, Mode::Check)?;
         let mut d = a.decision;
-        self.settle(plan, &mut d, a.retries, Mode::Check);
+        soften(plan, &mut d);
+        tally.add(Count::of(&d), a.retries);
         Some(d)
     }
 
@@ -573,7 +592,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             }
             let now = clamp_now(self.clock.now());
             for ((key, d), h) in keys.iter().zip(out).zip(hashes) {
-                *d = match self.check_inline(s, h, now) {
+                *d = match self.check_inline(s, h, || now) {
                     Some(d) => d,
                     None => self.check_general(key, Some(h), now),
                 };
@@ -816,10 +835,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// through (flagged), and the outcome is counted (a peek counts nothing).
     #[inline(always)]
     fn settle(&self, plan: &Compiled, d: &mut Decision, retries: u32, mode: Mode) {
-        if !d.allowed && d.reason == Reason::Limited && plan.strategy == Strategy::Soft {
-            d.allowed = true;
-            d.reason = Reason::SoftLimit;
-        }
+        soften(plan, d);
         if mode != Mode::Peek {
             self.counters.count(Count::of(d), retries);
         }

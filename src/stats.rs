@@ -70,6 +70,37 @@ impl Count {
     }
 }
 
+/// The stripe a thread counts on (see [`Counters::tally`]).
+pub(crate) struct Tally<'a> {
+    stripe: &'a Stripe,
+    /// The thread owns `stripe`: it is the only writer.
+    owned: bool,
+}
+
+impl Tally<'_> {
+    #[inline(always)]
+    pub(crate) fn add(&self, what: Count, retries: u32) {
+        let s = self.stripe;
+        // Relaxed (all counters): statistics, read as an approximate snapshot. An owned stripe
+        // has one writer, so a load and a store lose nothing; the shared stripe takes one RMW
+        // per add.
+        let add = |c: &AtomicU64, n: u64| {
+            if self.owned {
+                c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+            } else {
+                c.fetch_add(n, Ordering::Relaxed);
+            }
+        };
+        if what == Count::TableFull {
+            add(&s.counts[Count::Denied as usize], 1);
+        }
+        add(&s.counts[what as usize], 1);
+        if retries > 0 {
+            add(&s.cas_retries, u64::from(retries));
+        }
+    }
+}
+
 pub(crate) struct Counters {
     stripes: Box<[CachePadded<Stripe>]>,
     /// Where threads count whose stripe another thread owns (with `fetch_add`).
@@ -222,26 +253,22 @@ impl Counters {
 
     #[inline(always)]
     pub(crate) fn count(&self, what: Count, retries: u32) {
-        let (s, owned) = match self.own_stripe() {
-            Some(s) => (s, true),
-            None => (&*self.shared, false),
-        };
-        // Relaxed (all counters): statistics, read as an approximate snapshot. An owned stripe
-        // has one writer, so a load and a store lose nothing; the shared stripe takes one RMW
-        // per add.
-        let add = |c: &AtomicU64, n: u64| {
-            if owned {
-                c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
-            } else {
-                c.fetch_add(n, Ordering::Relaxed);
-            }
-        };
-        if what == Count::TableFull {
-            add(&s.counts[Count::Denied as usize], 1);
-        }
-        add(&s.counts[what as usize], 1);
-        if retries > 0 {
-            add(&s.cas_retries, u64::from(retries));
+        self.tally().add(what, retries);
+    }
+
+    /// Where the calling thread counts: its own stripe or the shared one. Looked up apart from
+    /// the count, so a check can do it before the clock read (see `Limiter::check_inline`).
+    #[inline(always)]
+    pub(crate) fn tally(&self) -> Tally<'_> {
+        match self.own_stripe() {
+            Some(stripe) => Tally {
+                stripe,
+                owned: true,
+            },
+            None => Tally {
+                stripe: &self.shared,
+                owned: false,
+            },
         }
     }
 

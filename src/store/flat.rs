@@ -115,9 +115,8 @@ struct Free<'a> {
 }
 
 struct Shard<K> {
-    /// This shard's groups: `table[start..start + len]`.
+    /// This shard's groups: `table[start..start + per_shard]`.
     start: usize,
-    len: usize,
     /// Groups a lookup scans at most: one more than the farthest from its home group that any
     /// key of this shard was ever placed. Only raised, under `spill`'s write lock.
     reach: AtomicUsize,
@@ -133,6 +132,8 @@ pub(crate) struct FlatStore<K> {
     shards: Box<[Shard<K>]>,
     /// `64 - log2(shards)`: a key's shard is its hash's top bits.
     shard_shift: u32,
+    /// Groups in each shard (every shard has as many).
+    per_shard: usize,
     /// The rules whose single word cell lives inline.
     rules: Arc<Rules>,
     /// Slots taken (inline keys and markers); never above `max_keys`.
@@ -165,7 +166,6 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
             shards: (0..shards)
                 .map(|i| Shard {
                     start: i * groups,
-                    len: groups,
                     reach: AtomicUsize::new(1),
                     spill: CachePadded::new(RwLock::new(HashMap::with_hasher(
                         super::random_state(),
@@ -173,6 +173,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                 })
                 .collect(),
             shard_shift: 64 - shards.trailing_zeros(),
+            per_shard: groups,
             rules,
             len: CachePadded::new(AtomicUsize::new(0)),
             max_keys,
@@ -204,13 +205,13 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// The groups of `shard`.
     #[inline]
     fn groups(&self, shard: &Shard<K>) -> &[Group] {
-        &self.table.get()[shard.start..][..shard.len]
+        &self.table.get()[shard.start..][..self.per_shard]
     }
 
     /// The group a hash starts probing at: the low 32 bits scaled to the group count.
     #[inline]
     fn home(groups: &[Group], hash: u64) -> usize {
-        (((hash & 0xFFFF_FFFF) * groups.len() as u64) >> 32) as usize
+        Self::home_of(groups.len(), hash)
     }
 
     /// The slot of its group a probe starts at (in every group it visits), from hash bits that
@@ -223,20 +224,59 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         ((hash >> 32) as usize) % GROUP
     }
 
+    /// The group `hash`'s probe starts at, as an index into the whole table: its shard's groups
+    /// begin at `shard * per_shard`, and its home among them is [`home`](Self::home). Reads no
+    /// shard.
+    #[inline(always)]
+    fn home_in_table(&self, hash: u64) -> usize {
+        (hash >> self.shard_shift) as usize * self.per_shard + Self::home_of(self.per_shard, hash)
+    }
+
+    /// [`home`](Self::home) for a shard of `groups` groups.
+    #[inline(always)]
+    fn home_of(groups: usize, hash: u64) -> usize {
+        (((hash & 0xFFFF_FFFF) * groups as u64) >> 32) as usize
+    }
+
     /// Starts loading the cache line `key`'s probe starts at (for batches).
     #[inline]
     pub(crate) fn prefetch(&self, hash: u64) {
-        let groups = self.groups(self.shard(hash));
-        let group = &groups[Self::home(groups, hash)];
+        let group = &self.table.get()[self.home_in_table(hash)];
         prefetch_line(group as *const Group as *const u8);
     }
 
     /// Finds the slot of the key hashed to `hash`. No lock, no write.
+    ///
+    /// Most keys sit in the first slot their probe reads (see [`first_slot`](Self::first_slot)),
+    /// so that one is read here, inline, with nothing computed for the rest of the probe, which
+    /// runs out of line ([`find_on`](Self::find_on)).
     #[inline(always)]
     pub(crate) fn find(&self, hash: u64) -> Found<'_> {
+        let slot = &self.table.get()[self.home_in_table(hash)].0[Self::first_slot(hash)];
+        // Acquire (`cell::ACQUIRE`, which the deliberately broken build weakens): pairs with the
+        // Release of the claim that wrote this tag, so the state word the claim published
+        // (fresh, 0) or any later swap's word is what we see; and with the AcqRel swaps of the
+        // key's charges, so a check that decides on this word (a denial writes nothing more) is
+        // ordered after the admissions it counts.
+        let (t, word) = slot.load(crate::cell::ACQUIRE);
+        if t == tag(hash, INLINE) {
+            return Found::Inline { slot, tag: t, word };
+        }
+        self.find_on(hash, t)
+    }
+
+    /// The rest of [`find`](Self::find)'s probe, whose first slot held `first_tag` (not the
+    /// key's inline tag).
+    #[inline(never)]
+    fn find_on(&self, hash: u64, first_tag: u64) -> Found<'_> {
+        let (inline, spilled) = (tag(hash, INLINE), tag(hash, SPILLED));
+        match first_tag {
+            t if t == spilled => return Found::Spilled,
+            EMPTY => return Found::Absent,
+            _ => {}
+        }
         let shard = self.shard(hash);
         let groups = self.groups(shard);
-        let (inline, spilled) = (tag(hash, INLINE), tag(hash, SPILLED));
         let n = groups.len();
         let mut g = Self::home(groups, hash);
         // Relaxed: a stale (smaller) reach can only make a lookup miss a key placed far away
@@ -244,15 +284,13 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         // the write lock, where reach is exact.
         let reach = shard.reach.load(Ordering::Relaxed);
         let first = Self::first_slot(hash);
+        // The first slot of the home group was read by `find`.
+        let mut skip = 1;
         for _ in 0..reach {
             let group = &groups[g].0;
-            for j in 0..GROUP {
+            for j in skip..GROUP {
                 let slot = &group[(first + j) % GROUP];
-                // Acquire (`cell::ACQUIRE`, which the deliberately broken build weakens): pairs
-                // with the Release of the claim that wrote this tag, so the state word the claim
-                // published (fresh, 0) or any later swap's word is what we see; and with the
-                // AcqRel swaps of the key's charges, so a check that decides on this word (a
-                // denial writes nothing more) is ordered after the admissions it counts.
+                // Acquire (`cell::ACQUIRE`): see `find`.
                 let (t, word) = slot.load(crate::cell::ACQUIRE);
                 if t == inline {
                     return Found::Inline { slot, tag: t, word };
@@ -264,6 +302,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                     return Found::Absent;
                 }
             }
+            skip = 0;
             g = if g + 1 == n { 0 } else { g + 1 };
         }
         Found::Absent
