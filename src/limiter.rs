@@ -466,7 +466,7 @@ impl<K> Limiter<K, MonotonicClock> {
 /// Whether the calling thread lost a compare-and-swap on an inline slot in its last
 /// [`Contended::SPAN`] checks (see `Limiter::check_inline`). Per thread, not per key or limiter:
 /// a hint that picks one of two equally correct orders, so sharing it costs nothing but speed.
-struct Contended;
+pub(crate) struct Contended;
 
 thread_local! {
     /// Checks left before the thread counts as uncontended again.
@@ -476,6 +476,13 @@ thread_local! {
 impl Contended {
     /// Checks a lost swap keeps the thread in the contended order.
     const SPAN: u32 = 256;
+
+    /// Puts the calling thread in the contended order for its next `checks` checks (or out of
+    /// it, with 0), as a lost swap would: tests run both orders.
+    #[cfg(test)]
+    pub(crate) fn hold(checks: u32) {
+        CONTENDED.with(|c| c.set(checks));
+    }
 
     #[inline(always)]
     fn lately() -> bool {
