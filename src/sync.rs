@@ -132,6 +132,100 @@ impl AtomicPair {
     }
 }
 
+/// How a loop over many pairs loads each one, chosen once for the loop.
+///
+/// [`AtomicPair::load`] goes through portable-atomic, which picks its instruction at run time
+/// through a function pointer on every call. A check makes one load and the call is predicted;
+/// the sweep makes one per slot, and there the call was a third of its time (`perf`).
+pub(crate) trait PairLoad: Copy {
+    /// Both halves of `pair` at one instant, with at least `Acquire` ordering.
+    fn load(self, pair: &AtomicPair) -> (u64, u64);
+}
+
+/// [`AtomicPair::load`]: whatever portable-atomic picks, on every CPU.
+#[derive(Clone, Copy)]
+pub(crate) struct Dispatched;
+
+impl PairLoad for Dispatched {
+    #[inline]
+    fn load(self, pair: &AtomicPair) -> (u64, u64) {
+        pair.load(Ordering::Acquire)
+    }
+}
+
+/// One inline `vmovdqa`: what portable-atomic itself uses for a load on a CPU with AVX and
+/// `cmpxchg16b`, minus the call. Only [`Vmovdqa::detect`] makes one, so holding one proves the
+/// CPU has both.
+#[derive(Clone, Copy)]
+pub(crate) struct Vmovdqa(());
+
+impl Vmovdqa {
+    /// `Some` where a 16-byte aligned `vmovdqa` is an atomic load and portable-atomic swaps with
+    /// `cmpxchg16b` (so both sides of a race are single 16-byte instructions): x86_64 with AVX
+    /// and `cmpxchg16b` detected, outside loom. Intel and AMD guarantee the atomicity; LLVM,
+    /// Boost and portable-atomic rely on it.
+    pub(crate) fn detect() -> Option<Self> {
+        #[cfg(all(target_arch = "x86_64", not(turnstile_loom)))]
+        {
+            (std::is_x86_feature_detected!("avx") && std::is_x86_feature_detected!("cmpxchg16b"))
+                .then_some(Vmovdqa(()))
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(turnstile_loom))))]
+        {
+            None
+        }
+    }
+}
+
+impl PairLoad for Vmovdqa {
+    #[inline(always)]
+    fn load(self, pair: &AtomicPair) -> (u64, u64) {
+        #[cfg(all(target_arch = "x86_64", not(turnstile_loom)))]
+        {
+            let (tag, word): (u64, u64);
+            // SAFETY: `self` exists only where `detect` found AVX and `cmpxchg16b`, so the
+            // instructions exist and every write to the pair is a `cmpxchg16b` (portable-atomic
+            // uses no lock there): one 16-byte `vmovdqa` of the pair's 16-aligned cell is an
+            // atomic load of it, as portable-atomic's own load is. A load on x86 has acquire
+            // ordering, and the block is a compiler barrier (it neither claims `nomem` nor
+            // `readonly`). The pointer is valid for the borrow of `pair`.
+            #[cfg(not(turnstile_broken = "torn_load"))]
+            unsafe {
+                std::arch::asm!(
+                    "vmovdqa {v}, xmmword ptr [{p}]",
+                    "vmovq {tag}, {v}",
+                    "vpextrq {word}, {v}, 1",
+                    p = in(reg) pair.v.as_ptr(),
+                    v = out(xmm_reg) _,
+                    tag = out(reg) tag,
+                    word = out(reg) word,
+                    options(nostack, preserves_flags),
+                );
+            }
+            // Deliberately broken (scripts/must-fail.sh): the halves read apart, the word first,
+            // which the tearing test must catch.
+            #[cfg(turnstile_broken = "torn_load")]
+            // SAFETY: as above; two 8-byte loads of the pair's halves.
+            unsafe {
+                std::arch::asm!(
+                    "mov {word}, qword ptr [{p} + 8]",
+                    "pause",
+                    "mov {tag}, qword ptr [{p}]",
+                    p = in(reg) pair.v.as_ptr(),
+                    tag = out(reg) tag,
+                    word = out(reg) word,
+                    options(nostack, preserves_flags),
+                );
+            }
+            (tag, word)
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(turnstile_loom))))]
+        {
+            pair.load(Ordering::Acquire)
+        }
+    }
+}
+
 /// The tag is the low half, the word the high half.
 #[inline]
 fn pack(tag: u64, word: u64) -> u128 {
@@ -141,4 +235,76 @@ fn pack(tag: u64, word: u64) -> u128 {
 #[inline]
 fn unpack(v: u128) -> (u64, u64) {
     (v as u64, (v >> 64) as u64)
+}
+
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use super::*;
+
+    /// The inline load, where the CPU has it (this machine's CI does).
+    fn vmovdqa() -> Option<Vmovdqa> {
+        let v = Vmovdqa::detect();
+        if v.is_none() {
+            eprintln!("no AVX or cmpxchg16b on this CPU: the inline load is never used");
+        }
+        v
+    }
+
+    #[test]
+    fn inline_load_reads_what_portable_atomic_reads() {
+        let Some(v) = vmovdqa() else { return };
+        let p = AtomicPair::new(u64::MAX - 3, 42);
+        assert_eq!(v.load(&p), (u64::MAX - 3, 42));
+        assert_eq!(v.load(&p), Dispatched.load(&p));
+        let next = (7, u64::MAX);
+        p.compare_exchange(
+            (u64::MAX - 3, 42),
+            next,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        )
+        .unwrap();
+        assert_eq!(v.load(&p), next);
+        assert_eq!(v.load(&p), Dispatched.load(&p));
+    }
+
+    /// One thread swaps `(i, !i)` for `(i + 1, !(i + 1))` while another loads with `vmovdqa`:
+    /// every load sees one swap's pair whole, and the reader sees the pair change many times.
+    #[test]
+    fn inline_load_never_tears_under_swaps() {
+        let Some(v) = vmovdqa() else { return };
+        const CHANGES: usize = 20_000;
+        let pair = AtomicPair::new(0, !0);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut i = 0u64;
+                while !done.load(Ordering::Relaxed) {
+                    pair.compare_exchange(
+                        (i, !i),
+                        (i + 1, !(i + 1)),
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .unwrap();
+                    i += 1;
+                }
+            });
+            // Stop the writer before judging, so a failure cannot leave it spinning.
+            let torn = (|| {
+                let (mut last, mut changes) = (0, 0);
+                while changes < CHANGES {
+                    let (tag, word) = v.load(&pair);
+                    if word != !tag || tag < last {
+                        return Some((last, tag, word));
+                    }
+                    changes += usize::from(tag != last);
+                    last = tag;
+                }
+                None
+            })();
+            done.store(true, Ordering::Relaxed);
+            assert_eq!(torn, None, "(last tag, tag, word): a torn or stale load");
+        });
+    }
 }

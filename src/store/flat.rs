@@ -140,6 +140,8 @@ pub(crate) struct FlatStore<K> {
     len: CachePadded<AtomicUsize>,
     max_keys: usize,
     on_full: OnFull,
+    /// The sweep's slot load, where the CPU has it (see [`sync::PairLoad`]).
+    vmovdqa: Option<sync::Vmovdqa>,
 }
 
 impl<K: Hash + Eq + Clone> FlatStore<K> {
@@ -178,7 +180,45 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
             len: CachePadded::new(AtomicUsize::new(0)),
             max_keys,
             on_full,
+            vmovdqa: sync::Vmovdqa::detect(),
         })
+    }
+
+    /// Sweeps `shard`'s inline keys, with no lock: each removal is a swap that fails if a charge
+    /// landed first. An inline key is its word under the store's one rule: fresh when the word
+    /// is. Returns (visited, removed, whether any slot is a spilled key's marker).
+    #[inline(always)]
+    fn sweep_inline(
+        &self,
+        shard: &Shard<K>,
+        now: u64,
+        load: impl sync::PairLoad,
+    ) -> (usize, usize, bool) {
+        let rule = &self.rules.parts[0];
+        let (mut visited, mut removed, mut markers) = (0, 0, false);
+        for group in self.groups(shard) {
+            for slot in &group.0 {
+                // Acquire: see `find`.
+                let (t, word) = load.load(slot);
+                if t == EMPTY || t == TOMB {
+                    continue;
+                }
+                if t & KIND == SPILLED {
+                    markers = true;
+                    continue;
+                }
+                visited += 1;
+                // AcqRel: see `evict_one`.
+                if crate::cell::word_is_fresh(word, now, rule)
+                    && slot
+                        .compare_exchange((t, word), (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        }
+        (visited, removed, markers)
     }
 
     /// Bytes of the slot table (mapped outside the global allocator; resident as touched).
@@ -649,33 +689,11 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
         let Some(shard) = self.shards.get(shard) else {
             return (0, 0);
         };
-        let (mut visited, mut removed) = (0, 0);
-        // Inline keys, with no lock: each removal is a swap that fails if a charge landed first.
-        // An inline key is its word under the store's one rule: fresh when the word is.
-        let rule = &self.rules.parts[0];
-        let mut markers = false;
-        for group in self.groups(shard) {
-            for slot in &group.0 {
-                // Acquire: see `find`.
-                let (t, word) = slot.load(Ordering::Acquire);
-                if t == EMPTY || t == TOMB {
-                    continue;
-                }
-                if t & KIND == SPILLED {
-                    markers = true;
-                    continue;
-                }
-                visited += 1;
-                // AcqRel: see `evict_one`.
-                if crate::cell::word_is_fresh(word, now, rule)
-                    && slot
-                        .compare_exchange((t, word), (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
-                        .is_ok()
-                {
-                    removed += 1;
-                }
-            }
-        }
+        // One loop per load, picked here rather than once a slot.
+        let (mut visited, mut removed, markers) = match self.vmovdqa {
+            Some(load) => self.sweep_inline(shard, now, load),
+            None => self.sweep_inline(shard, now, sync::Dispatched),
+        };
         if markers {
             // Spilled keys: their entries, then the markers left with no entry, under the write
             // lock, so no check can be inserting the entry of a marker we remove.
