@@ -182,6 +182,7 @@ impl PairLoad for Vmovdqa {
     fn load(self, pair: &AtomicPair) -> (u64, u64) {
         #[cfg(all(target_arch = "x86_64", not(turnstile_loom)))]
         {
+            #[cfg(not(turnstile_broken = "torn_load"))]
             let (tag, word): (u64, u64);
             // SAFETY: `self` exists only where `detect` found AVX and `cmpxchg16b`, so the
             // instructions exist and every write to the pair is a `cmpxchg16b` (portable-atomic
@@ -202,21 +203,14 @@ impl PairLoad for Vmovdqa {
                     options(nostack, preserves_flags),
                 );
             }
-            // Deliberately broken (scripts/must-fail.sh): the halves read apart, the word first,
-            // which the tearing test must catch.
+            // Deliberately broken (scripts/must-fail.sh): the halves taken from two loads, the
+            // word first, which the tearing test must catch.
             #[cfg(turnstile_broken = "torn_load")]
-            // SAFETY: as above; two 8-byte loads of the pair's halves.
-            unsafe {
-                std::arch::asm!(
-                    "mov {word}, qword ptr [{p} + 8]",
-                    "pause",
-                    "mov {tag}, qword ptr [{p}]",
-                    p = in(reg) pair.v.as_ptr(),
-                    tag = out(reg) tag,
-                    word = out(reg) word,
-                    options(nostack, preserves_flags),
-                );
-            }
+            let (tag, word) = {
+                let word = pair.load(Ordering::Acquire).1;
+                std::hint::spin_loop();
+                (pair.load(Ordering::Acquire).0, word)
+            };
             (tag, word)
         }
         #[cfg(not(all(target_arch = "x86_64", not(turnstile_loom))))]
