@@ -463,44 +463,6 @@ impl<K> Limiter<K, MonotonicClock> {
     }
 }
 
-/// Whether the calling thread lost a compare-and-swap on an inline slot in its last
-/// [`Contended::SPAN`] checks (see `Limiter::check_inline`). Per thread, not per key or limiter:
-/// a hint that picks one of two equally correct orders, so sharing it costs nothing but speed.
-pub(crate) struct Contended;
-
-thread_local! {
-    /// Checks left before the thread counts as uncontended again.
-    static CONTENDED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-impl Contended {
-    /// Checks a lost swap keeps the thread in the contended order.
-    const SPAN: u32 = 256;
-
-    /// Puts the calling thread in the contended order for its next `checks` checks (or out of
-    /// it, with 0), as a lost swap would: tests run both orders.
-    #[cfg(test)]
-    pub(crate) fn hold(checks: u32) {
-        CONTENDED.with(|c| c.set(checks));
-    }
-
-    #[inline(always)]
-    fn lately() -> bool {
-        CONTENDED.with(std::cell::Cell::get) > 0
-    }
-
-    /// After a check that was `contended` (per [`lately`](Self::lately)) and lost `retries`
-    /// swaps.
-    #[inline(always)]
-    fn note(contended: bool, retries: u32) {
-        if retries > 0 {
-            CONTENDED.with(|c| c.set(Self::SPAN));
-        } else if contended {
-            CONTENDED.with(|c| c.set(c.get() - 1));
-        }
-    }
-}
-
 /// A soft strategy lets an over-quota request through, flagged.
 #[inline(always)]
 fn soften(plan: &Compiled, d: &mut Decision) {
@@ -522,17 +484,17 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// Checks one unit for `key` under the default plan.
     #[inline]
     pub fn check(&self, key: &K) -> Decision {
-        let hash = match &self.store {
+        match &self.store {
             Map::Flat(s) => {
                 let hash = s.hash(key);
-                if let Some(d) = self.check_inline(s, hash, || clamp_now(self.clock.now())) {
-                    return d;
+                let now = clamp_now(self.clock.now());
+                match self.check_inline(s, hash, now) {
+                    Some(d) => d,
+                    None => self.check_general(key, Some(hash), now),
                 }
-                Some(hash)
             }
-            Map::Dash(_) => None,
-        };
-        self.check_general(key, hash, clamp_now(self.clock.now()))
+            Map::Dash(_) => self.check_general(key, None, clamp_now(self.clock.now())),
+        }
     }
 
     /// [`check`](Self::check) on the general path (out of line, so the short one stays small).
@@ -543,42 +505,46 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
 
     /// The shortest path, for [`check`](Self::check) and [`check_many`](Self::check_many): one
-    /// unit under the default plan for a key whose state is inline in its flat-store slot. The
-    /// same decision, state and count as [`decide_at`](Self::decide_at) (a cost of one always
-    /// fits a plan, and only a queue strategy changes the mode); `None` when it does not apply
-    /// (a new or spilled key, a default plan the slots do not hold, a queue strategy, a slot
-    /// removed under us), having changed nothing: the caller takes the general path.
+    /// unit under the default plan at `now` for a key whose state is inline in its flat-store
+    /// slot. The same decision, state and count as [`decide_at`](Self::decide_at) (a cost of one
+    /// always fits a plan, and only a queue strategy changes the mode); `None` when it does not
+    /// apply (a new or spilled key, a default plan the slots do not hold, a queue strategy, a
+    /// slot removed under us), having changed nothing: the caller takes the general path, at
+    /// the same `now`.
     ///
-    /// When the clock is read: on x86 a TSC read does not overlap the loads before it, so an
-    /// uncontended thread reads it after the key's slot was loaded (measured on the 2-core Intel
-    /// VM, one thread: a denial on a cached key 28.7 -> 24.9 ns, on random keys of 1,000
-    /// 29.8 -> 24.8 ns). A key that threads are admitting on at once wants the opposite: the
-    /// slot's line should be fetched just before the swap, not before a clock read that gives
-    /// another core time to take it (one hot key, allow-heavy, 2 threads, clock always last:
-    /// 0.28-0.40 lost swaps per check, median 13.3 M checks/s over 3 runs). So a thread that lost
-    /// a swap lately ([`Contended`]) reads the clock first (0.05-0.14 lost swaps per check,
-    /// 15.3 M/s), at about 1.3 ns per uncontended check for the hint (26.9 -> 28.2 ns).
+    /// The clock is read before the probe: on this path the TSC read costs about as much as
+    /// everything else, and issued first it overlaps the probe's loads and the GCRA test, where
+    /// read after the slot it waited for them (measured on the 2-core Intel VM, one thread, with
+    /// the probe's branch-free scan of the home group: a denial of one hot key 21.4 -> 18.1 ns,
+    /// of random keys among 1,000 30.3 -> 27.0 ns). It is also the order a key that threads are
+    /// admitting on at once wants: the slot's line is fetched just before the swap, not before a
+    /// clock read that gives another core time to take it.
     #[inline(always)]
-    fn check_inline(&self, s: &FlatStore<K>, hash: u64, now: impl Fn() -> u64) -> Option<Decision> {
+    fn check_inline(&self, s: &FlatStore<K>, hash: u64, now: u64) -> Option<Decision> {
         let plan = self.book.current().plans.first()?;
         if !Arc::ptr_eq(&plan.rules, s.rules()) || matches!(plan.strategy, Strategy::Queue { .. }) {
             return None;
         }
-        let contended = Contended::lately();
-        let early = contended.then(&now);
         let Found::Inline { slot, tag, word } = s.find(hash) else {
             return None;
         };
         let rule = plan.rules.parts.first()?;
-        let now = early.unwrap_or_else(&now);
         let slot = crate::cell::Inline { slot, tag };
         let tally = self.counters.tally();
         let a = crate::cell::apply_inline(&slot, word, now, 1, rule, plan.headroom, Mode::Check)?;
-        Contended::note(contended, a.retries);
         let mut d = a.decision;
         soften(plan, &mut d);
         tally.add(Count::of(&d), a.retries);
         Some(d)
+    }
+
+    /// Where `key` sits in the flat store, for tests (see `FlatStore::placement`).
+    #[cfg(test)]
+    pub(crate) fn placement(&self, key: &K) -> Option<(usize, bool)> {
+        match &self.store {
+            Map::Flat(s) => s.placement(s.hash(key)),
+            Map::Dash(_) => None,
+        }
     }
 
     /// Checks `cost` units for `key` under the default plan. A cost above what the plan can ever
@@ -635,7 +601,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             }
             let now = clamp_now(self.clock.now());
             for ((key, d), h) in keys.iter().zip(out).zip(hashes) {
-                *d = match self.check_inline(s, h, || now) {
+                *d = match self.check_inline(s, h, now) {
                     Some(d) => d,
                     None => self.check_general(key, Some(h), now),
                 };
