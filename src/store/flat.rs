@@ -41,7 +41,9 @@
 //! # Memory
 //!
 //! The table never grows: it is sized for `max_keys` when built (about 19.5 bytes per key at
-//! the cap: 16-byte slots at most ~83% full, plus slack for uneven shards) and allocated zeroed,
+//! the cap: 16-byte slots at most ~83% full, plus slack for uneven shards; a table for at most
+//! 16 Ki keys is sized at 45%, about 40 bytes per key, which costs at most ~330 KiB and keeps
+//! nearly every key in the first slot it probes) and allocated zeroed,
 //! so the operating system maps its pages only as keys land on them. Probes scan whole 64-byte
 //! groups of four slots (starting, in each group, at a slot picked by the hash) and never more
 //! groups than the farthest any key of the shard was placed (`reach`), so tombstones left by
@@ -83,6 +85,11 @@ const EVICT_SHARDS: usize = 4;
 
 /// Live keys per slot at the cap, in percent (the rest is what keeps probes short).
 const LOAD_PERCENT: usize = 83;
+/// The same for a table of at most [`SMALL_KEYS`] keys: it fits in the L2 cache either way, so
+/// halving its load costs a few hundred KiB at most and keeps nearly every key in its first slot.
+const SMALL_LOAD_PERCENT: usize = 45;
+/// The largest `max_keys` sized at [`SMALL_LOAD_PERCENT`].
+const SMALL_KEYS: usize = 1 << 14;
 
 #[inline]
 fn tag(hash: u64, kind: u64) -> u64 {
@@ -160,7 +167,12 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         // Slack for a shard that draws more than its share: two standard deviations of a
         // binomial share (about sqrt(per_shard)), so running out before the cap is negligible.
         let slack = 2 * (per_shard as f64).sqrt() as usize + 2 * GROUP;
-        let slots = per_shard.checked_mul(100)? / LOAD_PERCENT + slack;
+        let load = if max_keys <= SMALL_KEYS {
+            SMALL_LOAD_PERCENT
+        } else {
+            LOAD_PERCENT
+        };
+        let slots = per_shard.checked_mul(100)? / load + slack;
         // Group indices are computed from 32 hash bits.
         let groups = u32::try_from(slots.div_ceil(GROUP).max(2)).ok()? as usize;
         Some(FlatStore {
