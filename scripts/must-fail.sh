@@ -10,7 +10,7 @@
 #               reported by the model `denial_sees_what_admissions_published`). The thread test
 #               cannot see this one (counting on one word is correct even with Relaxed, and x86
 #               orders loads anyway), so it is not asked to.
-#   torn_load   the sweep's inline 16-byte load (`sync::Vmovdqa`) built from two loads' halves:
+#   torn_load   the inline 16-byte load of the sweep and the probe (`sync::Vmovdqa`) built from two loads' halves:
 #               the tearing test (sync::tests::inline_load_never_tears_under_swaps) must fail.
 #               Loom cannot see this one (its pair is a mutex), so it is not asked to.
 #

@@ -547,6 +547,16 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         }
     }
 
+    /// Makes the flat store's probe and sweep load slots through portable-atomic, as on a CPU
+    /// without the inline `vmovdqa`, for tests of that path.
+    #[cfg(test)]
+    pub(crate) fn without_inline_load(mut self) -> Self {
+        if let Map::Flat(s) = &mut self.store {
+            s.without_inline_load();
+        }
+        self
+    }
+
     /// Checks `cost` units for `key` under the default plan. A cost above what the plan can ever
     /// admit is an error, not a denial.
     pub fn check_n(&self, key: &K, cost: u64) -> Result<Decision, Error> {

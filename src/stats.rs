@@ -257,7 +257,8 @@ impl Counters {
     }
 
     /// Where the calling thread counts: its own stripe or the shared one. Looked up apart from
-    /// the count, so a check can do it before the clock read (see `Limiter::check_inline`).
+    /// the count, so a check can do it before its compare-and-swap loop (see
+    /// `Limiter::check_inline`).
     #[inline(always)]
     pub(crate) fn tally(&self) -> Tally<'_> {
         match self.own_stripe() {

@@ -135,8 +135,9 @@ impl AtomicPair {
 /// How a loop over many pairs loads each one, chosen once for the loop.
 ///
 /// [`AtomicPair::load`] goes through portable-atomic, which picks its instruction at run time
-/// through a function pointer on every call. A check makes one load and the call is predicted;
-/// the sweep makes one per slot, and there the call was a third of its time (`perf`).
+/// through a function pointer on every call. The sweep makes one per slot, and there the call
+/// was a third of its time (`perf`); a probe that misses its first slot loads the other three
+/// of the group, and that scan is worth making only with the inline load.
 pub(crate) trait PairLoad: Copy {
     /// Both halves of `pair` at one instant, with at least `Acquire` ordering.
     fn load(self, pair: &AtomicPair) -> (u64, u64);

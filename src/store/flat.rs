@@ -42,8 +42,9 @@
 //!
 //! The table never grows: it is sized for `max_keys` when built (about 19.5 bytes per key at
 //! the cap: 16-byte slots at most ~83% full, plus slack for uneven shards; a table for at most
-//! 16 Ki keys is sized at 45%, about 40 bytes per key, which costs at most ~330 KiB and keeps
-//! nearly every key in the first slot it probes) and allocated zeroed,
+//! 16 Ki keys is sized at 45% instead, 36-50 bytes per key, at most ~580 KiB in all and ~270 KiB
+//! more than at 83%, so most keys sit in the first slot they probe; the table for 16 Ki + 1 keys
+//! is therefore smaller than the one for 16 Ki, until about 29 Ki keys) and allocated zeroed,
 //! so the operating system maps its pages only as keys land on them. Probes scan whole 64-byte
 //! groups of four slots (starting, in each group, at a slot picked by the hash) and never more
 //! groups than the farthest any key of the shard was placed (`reach`), so tombstones left by
@@ -85,8 +86,8 @@ const EVICT_SHARDS: usize = 4;
 
 /// Live keys per slot at the cap, in percent (the rest is what keeps probes short).
 const LOAD_PERCENT: usize = 83;
-/// The same for a table of at most [`SMALL_KEYS`] keys: it fits in the L2 cache either way, so
-/// halving its load costs a few hundred KiB at most and keeps nearly every key in its first slot.
+/// The same for a table of at most [`SMALL_KEYS`] keys: it stays within a 1-2 MiB L2 cache
+/// either way, so the lower load costs ~270 KiB at most and keeps most keys in their first slot.
 const SMALL_LOAD_PERCENT: usize = 45;
 /// The largest `max_keys` sized at [`SMALL_LOAD_PERCENT`].
 const SMALL_KEYS: usize = 1 << 14;
@@ -239,6 +240,14 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         self.table.len * std::mem::size_of::<Group>()
     }
 
+    /// Loads slots through portable-atomic from now on (see [`Limiter::without_inline_load`]).
+    ///
+    /// [`Limiter::without_inline_load`]: crate::Limiter::without_inline_load
+    #[cfg(test)]
+    pub(crate) fn without_inline_load(&mut self) {
+        self.vmovdqa = None;
+    }
+
     /// Where the key hashed to `hash` sits, for tests: (groups from its home group, whether it
     /// is in the first slot its probe reads); `None` when no slot holds it.
     #[cfg(test)]
@@ -330,7 +339,9 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     pub(crate) fn find(&self, hash: u64) -> Found<'_> {
         let group = &self.table.get()[self.home_in_table(hash)].0;
         let slot = &group[Self::first_slot(hash)];
-        // Acquire (`cell::ACQUIRE`, which the deliberately broken build weakens): pairs with the
+        // Acquire (`cell::ACQUIRE`, which the deliberately broken build weakens, for
+        // portable-atomic's load and so under loom; the inline `vmovdqa` is an x86 load, always
+        // acquire, so that build leaves it as it is): pairs with the
         // Release of the claim that wrote this tag, so the state word the claim published
         // (fresh, 0) or any later swap's word is what we see; and with the AcqRel swaps of the
         // key's charges, so a check that decides on this word (a denial writes nothing more) is
@@ -356,9 +367,9 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         self.find_on(hash, t)
     }
 
-    /// A probe's load of `slot`, with [`cell::ACQUIRE`](crate::cell::ACQUIRE) ordering: the
-    /// inline `vmovdqa` where the CPU has it (a predicted branch instead of portable-atomic's
-    /// call through a function pointer), else portable-atomic's load.
+    /// A probe's load of `slot`, with at least acquire ordering: the inline `vmovdqa` where the
+    /// CPU has it (a predicted branch instead of portable-atomic's call through a function
+    /// pointer), else portable-atomic's load at [`cell::ACQUIRE`](crate::cell::ACQUIRE).
     #[inline(always)]
     fn load(&self, slot: &AtomicPair) -> (u64, u64) {
         match self.vmovdqa {

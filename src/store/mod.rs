@@ -35,7 +35,7 @@ pub enum StoreKind {
     /// The lock-free table: the state of a single-quota key inline in a 16-byte slot, checked
     /// with one compare-and-swap and no lock; keys that need more (penalties, other plans,
     /// cross-key compound limits) spill to a locked map. Sized for `max_keys` up front (about
-    /// 20 bytes per key, mapped lazily). Used only when the default plan is one quota of a
+    /// 20 bytes per key, 36-50 for a table of at most 16 Ki keys; mapped lazily). Used only when the default plan is one quota of a
     /// word-cell algorithm (not the sliding log) and a table for `max_keys` can be mapped;
     /// otherwise the limiter falls back to `Dash` (see `Limiter::store_kind`).
     #[default]
