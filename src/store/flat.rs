@@ -43,8 +43,8 @@
 //! The table never grows: it is sized for `max_keys` when built (about 19.5 bytes per key at
 //! the cap: 16-byte slots at most ~83% full, plus slack for uneven shards; a table for at most
 //! 16 Ki keys is sized at 45% instead, 36-50 bytes per key, at most ~580 KiB in all and ~270 KiB
-//! more than at 83%, so most keys sit in the first slot they probe; the table for 16 Ki + 1 keys
-//! is therefore smaller than the one for 16 Ki, until about 29 Ki keys) and allocated zeroed,
+//! more than at 83%, so most keys sit in the first slot they probe; a table for more keys has
+//! at least as many slots, so up to about 29 Ki keys it is the 16 Ki table) and allocated zeroed,
 //! so the operating system maps its pages only as keys land on them. Probes scan whole 64-byte
 //! groups of four slots (starting, in each group, at a slot picked by the hash) and never more
 //! groups than the farthest any key of the shard was placed (`reach`), so tombstones left by
@@ -168,12 +168,9 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         // Slack for a shard that draws more than its share: two standard deviations of a
         // binomial share (about sqrt(per_shard)), so running out before the cap is negligible.
         let slack = 2 * (per_shard as f64).sqrt() as usize + 2 * GROUP;
-        let load = if max_keys <= SMALL_KEYS {
-            SMALL_LOAD_PERCENT
-        } else {
-            LOAD_PERCENT
-        };
-        let slots = per_shard.checked_mul(100)? / load + slack;
+        // Never fewer slots than a smaller table got, so the size grows with `max_keys`.
+        let small = max_keys.min(SMALL_KEYS).div_ceil(shards) * 100 / SMALL_LOAD_PERCENT;
+        let slots = (per_shard.checked_mul(100)? / LOAD_PERCENT).max(small) + slack;
         // Group indices are computed from 32 hash bits.
         let groups = u32::try_from(slots.div_ceil(GROUP).max(2)).ok()? as usize;
         Some(FlatStore {

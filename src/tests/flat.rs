@@ -407,3 +407,34 @@ fn stats_stay_exact_with_more_threads_than_stripes() {
     assert_eq!(st.allowed + st.denied, THREADS * CHECKS);
     assert_eq!(allowed, 65 * 1000, "65 keys, a burst of 1000 each");
 }
+
+/// A table of at most 16 Ki keys is sized at 45% load (over 35 bytes per key), and a larger
+/// `max_keys` never gets a smaller table.
+#[test]
+fn table_size_grows_with_max_keys_across_the_small_table_step() {
+    for shards in [2, 8, 64] {
+        let bytes = |max_keys: usize| {
+            let l: Limiter<u64> = Limiter::builder()
+                .quota(Quota::per_second(10))
+                .max_keys(max_keys)
+                .shards(shards)
+                .build()
+                .unwrap();
+            assert_eq!(l.store_kind(), StoreKind::Flat);
+            l.table_bytes()
+        };
+        let sizes = [
+            1_000, 8_000, 16_383, 16_384, 16_385, 20_000, 29_000, 40_000, 100_000,
+        ];
+        let table: Vec<usize> = sizes.iter().map(|&n| bytes(n)).collect();
+        assert!(
+            table.windows(2).all(|w| w[0] <= w[1]),
+            "{shards} shards: {table:?}"
+        );
+        assert!(
+            table[3] > 16_384 * 35,
+            "{shards} shards: {} bytes at 16 Ki",
+            table[3]
+        );
+    }
+}
