@@ -1132,6 +1132,27 @@ fn key_space(
         .map(|&d| (d, streams(keys, d, cfg.max_threads(), cfg.stream_len)))
         .collect();
     for load in [Load::Allow, Load::Deny] {
+        // New keys through `check_many`: a fresh table, filled in the same order, 16 keys a
+        // call (so the new keys' cache misses overlap); ns per key only (the table is the same).
+        if load == Load::Allow && keys >= cfg.batch_min_keys {
+            for kind in StoreKind::ALL {
+                let l = turnstile_limiter(kind, load, keys)?;
+                let ns = fill(&TurnstileBatch(&l), keys);
+                if l.len() as u64 != keys {
+                    return Err(format!(
+                        "{}: {} keys after a batch fill",
+                        kind.name(),
+                        l.len()
+                    ));
+                }
+                res.push(
+                    case("fill", keys, "-", "-", 1),
+                    &batch_name(kind),
+                    "ns_per_new_key",
+                    ns,
+                );
+            }
+        }
         // Memory and fill cost: measured around building and filling each table, one at a
         // time, single-threaded; recorded for the allow-heavy tables (deny-heavy ones hold the
         // same keys).
@@ -1629,13 +1650,19 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
     // Memory and fill.
     let fill_contenders: Vec<String> = StoreKind::ALL
         .iter()
-        .map(|&k| store_name(k))
+        .flat_map(|&k| [store_name(k), batch_name(k)])
         .chain([GOVERNOR, MUTEX, FLOOR_CAS].map(String::from))
         .collect();
     let mut rows = Vec::new();
     for &k in cfg.key_spaces.iter().filter(|&&k| k >= 1_000) {
         for c in &fill_contenders {
             let at = case("memory", k, "-", "-", 1);
+            let filled = case("fill", k, "-", "-", 1);
+            if res.get(at, c, "bytes_per_key").is_none()
+                && res.get(filled, c, "ns_per_new_key").is_none()
+            {
+                continue;
+            }
             let f = |v: Option<f64>, p: usize| v.map_or("–".into(), |v| format!("{v:.p$}"));
             rows.push(vec![
                 keys_label(k),
@@ -1664,7 +1691,9 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
          (the global allocator here) plus the flat store's slot table (`Limiter::table_bytes`, \
          mapped outside the allocator), resident bytes per key from the growth of the process's \
          resident set (misses heap reused from earlier tables, so read the larger of the two), \
-         and the mean ns per new key while filling (table growth included).\n"
+         and the mean ns per new key while filling (table growth included). The `batch` rows \
+         fill a fresh table through `check_many`, 16 keys a call, in the same order (its memory is \
+         the store's, in the row above).\n"
     );
     s += &table(&header, &rows);
     s.push('\n');

@@ -463,6 +463,17 @@ impl<K> Limiter<K, MonotonicClock> {
     }
 }
 
+/// What the caller already knows of a key's place in the flat store, at the decision's `now`.
+#[derive(Debug, Clone, Copy)]
+enum Seen {
+    /// Nothing: the general path hashes the key and probes.
+    Nothing,
+    /// The key's hash.
+    Hash(u64),
+    /// The key's hash, and a probe found no slot for it.
+    Absent(u64),
+}
+
 /// A soft strategy lets an over-quota request through, flagged.
 #[inline(always)]
 fn soften(plan: &Compiled, d: &mut Decision) {
@@ -489,28 +500,28 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 let hash = s.hash(key);
                 let now = clamp_now(self.clock.now());
                 match self.check_inline(s, hash, now) {
-                    Some(d) => d,
-                    None => self.check_general(key, Some(hash), now),
+                    Ok(d) => d,
+                    Err(seen) => self.check_general(key, seen, now),
                 }
             }
-            Map::Dash(_) => self.check_general(key, None, clamp_now(self.clock.now())),
+            Map::Dash(_) => self.check_general(key, Seen::Nothing, clamp_now(self.clock.now())),
         }
     }
 
     /// [`check`](Self::check) on the general path (out of line, so the short one stays small).
     #[inline(never)]
-    fn check_general(&self, key: &K, hash: Option<u64>, now: u64) -> Decision {
-        self.decide_at(key, hash, PlanId::DEFAULT, 1, Mode::Check, now)
+    fn check_general(&self, key: &K, seen: Seen, now: u64) -> Decision {
+        self.decide_at(key, seen, PlanId::DEFAULT, 1, Mode::Check, now)
             .unwrap_or_else(|_| Decision::denied(Reason::Limited, 0))
     }
 
     /// The shortest path, for [`check`](Self::check) and [`check_many`](Self::check_many): one
     /// unit under the default plan at `now` for a key whose state is inline in its flat-store
     /// slot. The same decision, state and count as [`decide_at`](Self::decide_at) (a cost of one
-    /// always fits a plan, and only a queue strategy changes the mode); `None` when it does not
+    /// always fits a plan, and only a queue strategy changes the mode); `Err` when it does not
     /// apply (a new or spilled key, a default plan the slots do not hold, a queue strategy, a
     /// slot removed under us), having changed nothing: the caller takes the general path, at
-    /// the same `now`.
+    /// the same `now`, with what the probe saw (a new key's insert then skips a second probe).
     ///
     /// The clock is read before the probe: on this path the TSC read costs about as much as
     /// everything else, and issued first it overlaps the probe's loads and the GCRA test, where
@@ -520,22 +531,26 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// admitting on at once wants: the slot's line is fetched just before the swap, not before a
     /// clock read that gives another core time to take it.
     #[inline(always)]
-    fn check_inline(&self, s: &FlatStore<K>, hash: u64, now: u64) -> Option<Decision> {
-        let plan = self.book.current().plans.first()?;
+    fn check_inline(&self, s: &FlatStore<K>, hash: u64, now: u64) -> Result<Decision, Seen> {
+        let general = Seen::Hash(hash);
+        let plan = self.book.current().plans.first().ok_or(general)?;
         if !Arc::ptr_eq(&plan.rules, s.rules()) || matches!(plan.strategy, Strategy::Queue { .. }) {
-            return None;
+            return Err(general);
         }
-        let Found::Inline { slot, tag, word } = s.find(hash) else {
-            return None;
+        let (slot, tag, word) = match s.find(hash) {
+            Found::Inline { slot, tag, word } => (slot, tag, word),
+            Found::Absent => return Err(Seen::Absent(hash)),
+            Found::Spilled => return Err(general),
         };
-        let rule = plan.rules.parts.first()?;
+        let rule = plan.rules.parts.first().ok_or(general)?;
         let slot = crate::cell::Inline { slot, tag };
         let tally = self.counters.tally();
-        let a = crate::cell::apply_inline(&slot, word, now, 1, rule, plan.headroom, Mode::Check)?;
+        let a = crate::cell::apply_inline(&slot, word, now, 1, rule, plan.headroom, Mode::Check)
+            .ok_or(general)?;
         let mut d = a.decision;
         soften(plan, &mut d);
         tally.add(Count::of(&d), a.retries);
-        Some(d)
+        Ok(d)
     }
 
     /// Where `key` sits in the flat store, for tests (see `FlatStore::placement`).
@@ -612,8 +627,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             let now = clamp_now(self.clock.now());
             for ((key, d), h) in keys.iter().zip(out).zip(hashes) {
                 *d = match self.check_inline(s, h, now) {
-                    Some(d) => d,
-                    None => self.check_general(key, Some(h), now),
+                    Ok(d) => d,
+                    Err(seen) => self.check_general(key, seen, now),
                 };
             }
         }
@@ -824,15 +839,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     #[inline(always)]
     fn decide(&self, key: &K, plan: PlanId, cost: u64, mode: Mode) -> Result<Decision, Error> {
         let now = clamp_now(self.clock.now());
-        self.decide_at(key, None, plan, cost, mode, now)
+        self.decide_at(key, Seen::Nothing, plan, cost, mode, now)
     }
 
-    /// [`decide`](Self::decide) at `now`, with the key's flat-store hash when already known.
+    /// [`decide`](Self::decide) at `now`, with what a probe of the flat store already saw.
     #[inline(always)]
     fn decide_at(
         &self,
         key: &K,
-        hash: Option<u64>,
+        seen: Seen,
         plan: PlanId,
         cost: u64,
         mode: Mode,
@@ -842,7 +857,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let plan = book.get(plan)?;
         check_cost(plan, cost)?;
         let mode = plan.mode(mode);
-        let (mut d, retries) = match self.charge(key, hash, plan, now, cost, mode, None) {
+        let (mut d, retries) = match self.charge(key, seen, plan, now, cost, mode, None) {
             Some(r) => r,
             None => (self.table_full(plan), 0),
         };
@@ -869,7 +884,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     fn charge(
         &self,
         key: &K,
-        hash: Option<u64>,
+        seen: Seen,
         plan: &Compiled,
         now: u64,
         cost: u64,
@@ -879,8 +894,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let charged = match &self.store {
             Map::Flat(s) => {
                 if tokens.is_none() && Arc::ptr_eq(&plan.rules, s.rules()) {
-                    let hash = hash.unwrap_or_else(|| s.hash(key));
-                    if let Some(r) = self.charge_inline(s, hash, plan, now, cost, mode) {
+                    let (hash, absent) = match seen {
+                        Seen::Nothing => (s.hash(key), false),
+                        Seen::Hash(h) => (h, false),
+                        Seen::Absent(h) => (h, true),
+                    };
+                    if let Some(r) = self.charge_inline(s, hash, absent, plan, now, cost, mode) {
                         return r;
                     }
                 }
@@ -896,12 +915,16 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
 
     /// The flat store's fast path: the key's state inline in its slot. `None` when the key is
-    /// spilled (its state is an entry: take the entry path).
+    /// spilled (its state is an entry: take the entry path). `absent`: a probe just found the
+    /// key absent, so the first round goes straight to the insert, which probes again under
+    /// the shard's lock anyway (a key inserted meanwhile is found there, and charged).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn charge_inline(
         &self,
         s: &FlatStore<K>,
         hash: u64,
+        mut absent: bool,
         plan: &Compiled,
         now: u64,
         cost: u64,
@@ -909,7 +932,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     ) -> Option<Option<(Decision, u32)>> {
         let rule = &plan.rules.parts[0];
         loop {
-            match s.find(hash) {
+            let found = if std::mem::take(&mut absent) {
+                Found::Absent
+            } else {
+                s.find(hash)
+            };
+            match found {
                 Found::Inline { slot, tag, word } => {
                     let slot = crate::cell::Inline { slot, tag };
                     if let Some(a) =
@@ -1096,7 +1124,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         let mut tokens = Tokens::default();
         match l.charge(
             self.key,
-            None,
+            Seen::Nothing,
             plan,
             now,
             cost,

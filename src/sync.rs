@@ -65,7 +65,7 @@ pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 /// expects one key's tag can never land on a slot that another key has taken since (no ABA).
 ///
 /// On x86_64 this is `cmpxchg16b` for the swap and, on CPUs with AVX, one `vmovdqa` for the load
-/// (a plain read: a denial writes nothing); portable-atomic picks them at run time and falls back
+/// (a plain read: a denial writes nothing) and the store; portable-atomic picks them at run time and falls back
 /// to a lock elsewhere. Under loom it is a mutex around the pair, which loom explores like any
 /// other synchronisation.
 pub(crate) struct AtomicPair {
@@ -99,6 +99,19 @@ impl AtomicPair {
             *self.v.lock().unwrap()
         };
         unpack(v)
+    }
+
+    /// Writes `(tag, word)`, for a writer that no other write can race (see `FlatStore::claim`).
+    #[inline]
+    pub(crate) fn store(&self, tag: u64, word: u64, order: Ordering) {
+        let v = pack(tag, word);
+        #[cfg(not(turnstile_loom))]
+        self.v.store(v, order);
+        #[cfg(turnstile_loom)]
+        {
+            let _ = order;
+            *self.v.lock().unwrap() = v;
+        }
     }
 
     /// Replaces `current` by `new` if the pair still holds `current`; else returns what it holds.
@@ -186,8 +199,9 @@ impl PairLoad for Vmovdqa {
             #[cfg(not(turnstile_broken = "torn_load"))]
             let (tag, word): (u64, u64);
             // SAFETY: `self` exists only where `detect` found AVX and `cmpxchg16b`, so the
-            // instructions exist and every write to the pair is a `cmpxchg16b` (portable-atomic
-            // uses no lock there): one 16-byte `vmovdqa` of the pair's 16-aligned cell is an
+            // instructions exist and every write to the pair is a `cmpxchg16b` or, for
+            // `store`, a `vmovdqa` (portable-atomic uses no lock there): one 16-byte `vmovdqa`
+            // of the pair's 16-aligned cell is an
             // atomic load of it, as portable-atomic's own load is. A load on x86 has acquire
             // ordering, and the block is a compiler barrier (it neither claims `nomem` nor
             // `readonly`). The pointer is valid for the borrow of `pair`.
