@@ -383,14 +383,12 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     }
 
     /// The rest of [`find`](Self::find)'s probe, whose first slot held `first_tag` (not the
-    /// key's inline tag).
+    /// key's inline tag, nor EMPTY: `find` answers those itself).
     #[inline(never)]
     fn find_on(&self, hash: u64, first_tag: u64) -> Found<'_> {
         let (inline, spilled) = (tag(hash, INLINE), tag(hash, SPILLED));
-        match first_tag {
-            t if t == spilled => return Found::Spilled,
-            EMPTY => return Found::Absent,
-            _ => {}
+        if first_tag == spilled {
+            return Found::Spilled;
         }
         let shard = self.shard(hash);
         let groups = self.groups(shard);
