@@ -10,7 +10,7 @@ use crate::cell::Mode;
 use crate::clock::{Clock, MonotonicClock, nanos};
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::quota::Quota;
+use crate::quota::{Quota, Rule};
 use crate::stats::{Count, Counters, Stats};
 use crate::store::flat::Found;
 use crate::store::{DashStore, Entry, FlatStore, OnFull, Rules, Store, StoreKind};
@@ -118,6 +118,33 @@ impl Compiled {
 struct Book {
     plans: Vec<Compiled>,
     by_name: HashMap<String, PlanId>,
+    /// The default plan as the short path serves it (see [`InlinePlan`]).
+    inline: Option<InlinePlan>,
+}
+
+/// The default plan, when [`Limiter::check_inline`] can serve it: its rules are the flat store's
+/// inline rules (one part, whose state is the slot's word) and it is not a queue. Worked out
+/// once per book, so a check reads one field of the book where it followed the plan and its
+/// rules through four pointers and compared them with the store's.
+#[derive(Debug, Clone, Copy)]
+struct InlinePlan {
+    rule: Rule,
+    headroom: u64,
+    soft: bool,
+}
+
+impl InlinePlan {
+    /// `default` as served inline from a flat store whose inline rules are `store`.
+    fn of(default: &Compiled, store: Option<&Arc<Rules>>) -> Option<InlinePlan> {
+        let store = store?;
+        let served = Arc::ptr_eq(&default.rules, store)
+            && !matches!(default.strategy, Strategy::Queue { .. });
+        Some(InlinePlan {
+            rule: *default.rules.parts.first().filter(|_| served)?,
+            headroom: default.headroom,
+            soft: default.strategy == Strategy::Soft,
+        })
+    }
 }
 
 impl Book {
@@ -181,6 +208,7 @@ impl Book {
         Ok(Book {
             plans: compiled,
             by_name,
+            inline: None,
         })
     }
 
@@ -347,15 +375,17 @@ impl<K, C: Clock> Builder<K, C> {
         if plans.is_empty() {
             return Err(Error::NoQuota);
         }
-        let book = Book::compile(&plans, self.clock.unix_epoch_ns(), None)?;
+        let mut book = Book::compile(&plans, self.clock.unix_epoch_ns(), None)?;
+        let store = Map::new(
+            self.store,
+            self.shards,
+            self.max_keys,
+            self.on_full,
+            &book.plans[0].rules,
+        );
+        book.inline = InlinePlan::of(&book.plans[0], store.inline_rules());
         Ok(Limiter {
-            store: Map::new(
-                self.store,
-                self.shards,
-                self.max_keys,
-                self.on_full,
-                &book.plans[0].rules,
-            ),
+            store,
             book: Books::new(book),
             plans: crate::sync::Mutex::new(plans),
             clock: self.clock,
@@ -440,6 +470,14 @@ impl<K: Hash + Eq + Clone> Map<K> {
         }
         Map::Dash(DashStore::new(shards, max_keys, on_full))
     }
+
+    /// The rules the store serves inline: the flat store's; none for the dash store.
+    fn inline_rules(&self) -> Option<&Arc<Rules>> {
+        match self {
+            Map::Flat(s) => Some(s.rules()),
+            Map::Dash(_) => None,
+        }
+    }
 }
 
 impl<K> Limiter<K, MonotonicClock> {
@@ -477,7 +515,15 @@ enum Seen {
 /// A soft strategy lets an over-quota request through, flagged.
 #[inline(always)]
 fn soften(plan: &Compiled, d: &mut Decision) {
-    if !d.allowed && d.reason == Reason::Limited && plan.strategy == Strategy::Soft {
+    if plan.strategy == Strategy::Soft {
+        soften_limited(d);
+    }
+}
+
+/// [`soften`] under a soft strategy: an over-quota denial passes, flagged.
+#[inline(always)]
+fn soften_limited(d: &mut Decision) {
+    if !d.allowed && d.reason == Reason::Limited {
         d.allowed = true;
         d.reason = Reason::SoftLimit;
     }
@@ -533,23 +579,30 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     #[inline(always)]
     fn check_inline(&self, s: &FlatStore<K>, hash: u64, now: u64) -> Result<Decision, Seen> {
         let general = Seen::Hash(hash);
-        let plan = self.book.current().plans.first().ok_or(general)?;
-        if !Arc::ptr_eq(&plan.rules, s.rules()) || matches!(plan.strategy, Strategy::Queue { .. }) {
-            return Err(general);
-        }
+        let plan = self.book.current().inline.as_ref().ok_or(general)?;
         let (slot, tag, word) = match s.find(hash) {
             Found::Inline { slot, tag, word } => (slot, tag, word),
             Found::Absent => return Err(Seen::Absent(hash)),
             Found::Spilled => return Err(general),
         };
-        let rule = plan.rules.parts.first().ok_or(general)?;
         let slot = crate::cell::Inline { slot, tag };
         let tally = self.counters.tally();
-        let a = crate::cell::apply_inline(&slot, word, now, 1, rule, plan.headroom, Mode::Check)
-            .ok_or(general)?;
+        let a =
+            crate::cell::apply_inline(&slot, word, now, 1, &plan.rule, plan.headroom, Mode::Check)
+                .ok_or(general)?;
         let mut d = a.decision;
-        soften(plan, &mut d);
-        tally.add(Count::of(&d), a.retries);
+        // An inline key's denial is over quota (`Reason::Limited`): a new key's table-full
+        // denial and a blocked key's are decided on the general path.
+        let count = if d.allowed {
+            Count::Allowed
+        } else if plan.soft {
+            soften_limited(&mut d);
+            Count::of(&d)
+        } else {
+            Count::Denied
+        };
+        debug_assert_eq!(count, Count::of(&d));
+        tally.add(count, a.retries);
         Ok(d)
     }
 
@@ -720,7 +773,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             Some(slot) => slot.1 = plan,
             None => next.push((name.to_string(), plan)),
         }
-        let book = Book::compile(&next, self.clock.unix_epoch_ns(), Some(self.book.current()))?;
+        let mut book = Book::compile(&next, self.clock.unix_epoch_ns(), Some(self.book.current()))?;
+        book.inline = InlinePlan::of(&book.plans[0], self.store.inline_rules());
         let id = book.by_name[name];
         self.book.install(book);
         *plans = next;
