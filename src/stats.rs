@@ -1,16 +1,16 @@
 //! Per-limiter counters, striped so that counting on the hot path does not bounce one cache line
 //! between cores: each thread adds to its own stripe, and a read sums the stripes.
 //!
-//! The first thread to use a stripe owns it for the limiter's life and counts there with a plain
-//! load and store (no locked instruction: a `lock xadd` was a quarter of a denial's cost); a
-//! thread whose stripe another thread owns counts with `fetch_add` on the shared stripe. Only an
-//! owner ever writes an owned stripe, so no count is lost. A thread's index (and with it its
-//! stripes) passes to the next thread started after it exited (after its thread-local
-//! destructors ran).
+//! A thread's stripe is the one at its index, an index no other live thread holds, so it is the
+//! stripe's only writer and counts there with a plain load and store (no locked instruction: a
+//! `lock xadd` was a quarter of a denial's cost). A thread whose index is past the stripes (more
+//! live threads than twice the cores) counts with `fetch_add` on the shared stripe. A thread's
+//! index (and with it its stripes) passes to the next thread started after it exited (after its
+//! thread-local destructors ran).
 
 use crossbeam_utils::CachePadded;
 
-use crate::sync::{AtomicU64, AtomicUsize, Ordering, StaticMutex};
+use crate::sync::{AtomicU64, Ordering, StaticMutex};
 
 /// A snapshot of a limiter's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -39,8 +39,6 @@ pub struct Stats {
 /// Counters a thread bumps on the hot path.
 #[derive(Default)]
 struct Stripe {
-    /// The index of the thread that owns this stripe, plus one; 0 while unowned.
-    owner: AtomicUsize,
     /// One counter per [`Count`], indexed by it (a table-full denial also counts as denied).
     counts: [AtomicU64; Count::KINDS],
     cas_retries: AtomicU64,
@@ -73,7 +71,7 @@ impl Count {
 /// The stripe a thread counts on (see [`Counters::tally`]).
 pub(crate) struct Tally<'a> {
     stripe: &'a Stripe,
-    /// The thread owns `stripe`: it is the only writer.
+    /// `stripe` is the thread's own: it is the only writer.
     owned: bool,
 }
 
@@ -118,35 +116,35 @@ fn stripe_count() -> usize {
 
 /// The calling thread's index, which picks its stripe: the smallest index no live thread holds,
 /// taken on first use and given back when the thread exits. A thread started after another one
-/// ended inherits its index and so its stripes (it is their owner now), so a program that
-/// replaces its threads, a pool or a benchmark that spawns new ones per run, keeps counting on
-/// owned stripes instead of piling onto the shared one. `None` once the thread has given its
-/// index back (a check from another thread-local's destructor): it counts on the shared stripe.
+/// ended inherits its index and so its stripes, so a program that replaces its threads, a pool
+/// or a benchmark that spawns new ones per run, keeps counting on its own stripes instead of
+/// piling onto the shared one. [`GIVEN_BACK`] once the thread has given its index back (a check
+/// from another thread-local's destructor): larger than any stripe count, so it counts on the
+/// shared stripe.
 #[inline(always)]
-fn stripe_index() -> Option<usize> {
-    // `index + 1`; 0: none taken yet; `GIVEN_BACK`: the thread is exiting.
+fn stripe_index() -> usize {
     let held = INDEX.with(std::cell::Cell::get);
-    match held {
-        0 => take_index(),
-        GIVEN_BACK => None,
-        i => Some(i - 1),
-    }
+    if held == UNSET { take_index() } else { held }
 }
+
+/// What [`INDEX`] holds before the thread's first count.
+const UNSET: usize = usize::MAX - 1;
 
 /// What [`INDEX`] holds once the thread gave its index back.
 const GIVEN_BACK: usize = usize::MAX;
 
 thread_local! {
-    /// The thread's index plus one (see [`stripe_index`]): a const-initialised cell with no
-    /// destructor, so reading it is one thread-local load. [`RELEASE`] gives the index back.
-    static INDEX: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// The thread's index (see [`stripe_index`]), or [`UNSET`] or [`GIVEN_BACK`]: a
+    /// const-initialised cell with no destructor, so reading it is one thread-local load.
+    /// [`RELEASE`] gives the index back.
+    static INDEX: std::cell::Cell<usize> = const { std::cell::Cell::new(UNSET) };
     /// Gives the thread's index back when the thread exits (registered on first use).
     static RELEASE: GiveBack = const { GiveBack };
 }
 
 /// First use on this thread: takes an index and arranges for it to be given back at exit.
 #[cold]
-fn take_index() -> Option<usize> {
+fn take_index() -> usize {
     let i = FreeIndices::take();
     // Registers the destructor (also from another thread-local's destructor: std runs
     // destructors registered during teardown too). Defensive: it could only fail once `RELEASE`
@@ -154,10 +152,10 @@ fn take_index() -> Option<usize> {
     // it were, the index must not outlive the thread: give it straight back.
     if RELEASE.try_with(|_| ()).is_err() {
         FreeIndices::give_back(i);
-        return None;
+        return GIVEN_BACK;
     }
-    INDEX.with(|c| c.set(i + 1));
-    Some(i)
+    INDEX.with(|c| c.set(i));
+    i
 }
 
 /// Gives the thread's index back when dropped, at thread exit.
@@ -169,8 +167,8 @@ struct FreeIndices {
     next: usize,
 }
 
-/// Process-wide, because a thread's index must be the same in every limiter it counts in (a
-/// stripe's owner is an index). Touched once when a thread first counts and once when it exits.
+/// Process-wide, because a thread's index must be the same in every limiter it counts in (it
+/// picks the thread's stripe in each). Touched once when a thread first counts and once when it exits.
 static FREE_INDICES: StaticMutex<FreeIndices> = StaticMutex::new(FreeIndices {
     free: std::collections::BinaryHeap::new(),
     next: 0,
@@ -210,8 +208,8 @@ impl Drop for GiveBack {
         // with it its stripes, may belong to a new thread as soon as it is given back.
         let held = INDEX.with(|c| c.replace(GIVEN_BACK));
         // Always an index: `RELEASE` is registered only after one was taken (defensive check).
-        if held != 0 && held != GIVEN_BACK {
-            FreeIndices::give_back(held - 1);
+        if held != UNSET && held != GIVEN_BACK {
+            FreeIndices::give_back(held);
         }
     }
 }
@@ -229,26 +227,15 @@ impl Counters {
         }
     }
 
-    /// The calling thread's own stripe, if it owns one (claiming it on first use).
+    /// The calling thread's own stripe, if it has one: the stripe at its index, which no other
+    /// live thread holds. Under loom every model thread shares one OS thread's index, so models
+    /// always take the shared stripe.
     #[inline(always)]
     fn own_stripe(&self) -> Option<&Stripe> {
-        let index = stripe_index()?;
-        let s = &self.stripes[index & (self.stripes.len() - 1)];
-        let me = index + 1;
-        // Relaxed (owner): ownership is claimed once per index and never changes (a thread that
-        // inherits an index inherits its stripes, after the hand-over's mutex); a thread only
-        // needs to know whether the owner is its index, which its own claim or its
-        // predecessor's (both before it in happens-before) or any older value answers
-        // correctly. Under loom every model thread shares one OS thread's index, so models
-        // always take the shared stripe.
-        let owner = s.owner.load(Ordering::Relaxed);
-        let mine = !cfg!(turnstile_loom)
-            && (owner == me
-                || (owner == 0
-                    && s.owner
-                        .compare_exchange(0, me, Ordering::Relaxed, Ordering::Relaxed)
-                        .is_ok()));
-        mine.then_some(&**s)
+        if cfg!(turnstile_loom) {
+            return None;
+        }
+        self.stripes.get(stripe_index()).map(|s| &**s)
     }
 
     #[inline(always)]
@@ -307,9 +294,9 @@ mod tests {
     use super::*;
 
     /// Threads that replace one another, more of them over time than there are stripes, all
-    /// count on owned stripes: each new thread inherits an exited one's index. Without the
-    /// hand-over, the later threads' indices land on stripes dead threads own and every count
-    /// goes to the shared stripe. Each thread is joined explicitly (a scope's implicit join does
+    /// count on their own stripes: each new thread inherits an exited one's index. Without the
+    /// hand-over, the later threads' indices run past the stripes and their counts go to the
+    /// shared stripe. Each thread is joined explicitly (a scope's implicit join does
     /// not wait for thread-local destructors, which give the index back). Other tests' threads
     /// may take a freed index in between, so a round can miss; one clean round of five is proof.
     #[test]
