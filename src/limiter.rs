@@ -539,7 +539,12 @@ struct Tokens {
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// Checks one unit for `key` under the default plan.
-    #[inline]
+    // Always inlined: the short path is small (the rest is out of line in `check_general`), and
+    // inlined into its caller it drops the work for the decision's fields the caller never
+    // reads. A caller that LLVM chose not to inline it into, one thread denying one hot key:
+    // 19.9 -> 17.0 ns a check (2-core Intel VM); the harness, which inlined it already, is
+    // unchanged.
+    #[inline(always)]
     pub fn check(&self, key: &K) -> Decision {
         match &self.store {
             Map::Flat(s) => {
