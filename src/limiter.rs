@@ -136,11 +136,13 @@ struct InlinePlan {
 impl InlinePlan {
     /// `default` as served inline from a flat store whose inline rules are `store`.
     fn of(default: &Compiled, store: Option<&Arc<Rules>>) -> Option<InlinePlan> {
-        let store = store?;
-        let served = Arc::ptr_eq(&default.rules, store)
+        let served = store.is_some_and(|s| Arc::ptr_eq(&default.rules, s))
             && !matches!(default.strategy, Strategy::Queue { .. });
+        if !served {
+            return None;
+        }
         Some(InlinePlan {
-            rule: *default.rules.parts.first().filter(|_| served)?,
+            rule: *default.rules.parts.first()?,
             headroom: default.headroom,
             soft: default.strategy == Strategy::Soft,
         })
