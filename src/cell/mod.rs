@@ -198,20 +198,34 @@ pub(crate) fn apply_inline(
             retries: 0,
         });
     }
-    let (decision, retries) = if (rule.kind, mode) == (Kind::Gcra, Mode::Check) {
+    let (decision, retries) = match (rule.kind, mode) {
         // The check of the default algorithm: the loop keeps only the next state of each step
         // (the unused fields of its decision compile away), and the decision is taken once,
         // after it, from the state the outcome was decided on (the same `Decision`).
-        let (state, _, retries) = swap_loop(slot, word, |s| {
-            algo::gcra::decide(s, now, cost, rule, headroom).next
-        })?;
-        let decision = algo::gcra::decide(state, now, cost, rule, headroom).decision;
-        (decision, retries)
-    } else {
-        let (decision, _, retries) = update_word_from(slot, word, |s| {
-            decide_word(s, now, cost, rule, headroom, mode)
-        })?;
-        (decision, retries)
+        (Kind::Gcra, Mode::Check) => {
+            let (state, _, retries) = swap_loop(slot, word, |s| {
+                algo::gcra::decide(s, now, cost, rule, headroom).next
+            })?;
+            let decision = algo::gcra::decide(state, now, cost, rule, headroom).decision;
+            (decision, retries)
+        }
+        // The fixed window's check, the same way (one thread, 1,000 keys, a check that keeps
+        // the whole decision: 37 -> 29.5 ns allowed, 30 -> 24 denied). Not the sliding
+        // counter's: its decision divides in u128 (calls the compiler does not merge), so
+        // taking it again after a denial cost more than the loop saved.
+        (Kind::Fixed, Mode::Check) => {
+            let (state, _, retries) = swap_loop(slot, word, |s| {
+                algo::fixed::decide(s, now, cost, rule, headroom).next
+            })?;
+            let decision = algo::fixed::decide(state, now, cost, rule, headroom).decision;
+            (decision, retries)
+        }
+        _ => {
+            let (decision, _, retries) = update_word_from(slot, word, |s| {
+                decide_word(s, now, cost, rule, headroom, mode)
+            })?;
+            (decision, retries)
+        }
     };
     // No refund token: inline keys are never part of a cross-key compound limit (those spill).
     Some(Applied {
