@@ -54,6 +54,46 @@ fn threads_on_one_key_admit_exactly_burst() {
     panic!("threads never collided in 10 attempts: the test proved nothing");
 }
 
+/// The window algorithms on the short path, the same way: frozen clock, threads on one inline
+/// key, exactly the window's limit admitted, with the CAS loop really raced.
+#[test]
+fn threads_on_one_key_admit_exactly_the_window_limit() {
+    const LIMIT: u64 = 50_000;
+    const THREADS: usize = 4;
+    for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let raced = (0..10).any(|attempt| {
+            let clock = FakeClock::new();
+            let l = Arc::new(limiter::<u64>(
+                Quota::per_minute(LIMIT).algorithm(alg),
+                &clock,
+            ));
+            assert_eq!(l.store_kind(), crate::StoreKind::Flat);
+            let barrier = Arc::new(Barrier::new(THREADS));
+            let admitted: u64 = (0..THREADS)
+                .map(|_| {
+                    let (l, barrier) = (l.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        (0..LIMIT).filter(|_| l.check(&7).is_allowed()).count() as u64
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .sum();
+            assert_eq!(admitted, LIMIT, "{alg:?}, attempt {attempt}");
+            let stats = l.stats();
+            assert_eq!(stats.allowed, LIMIT, "{alg:?}");
+            assert_eq!(stats.denied, THREADS as u64 * LIMIT - LIMIT, "{alg:?}");
+            stats.cas_retries > 0
+        });
+        assert!(
+            raced,
+            "{alg:?}: threads never collided in 10 attempts: the test proved nothing"
+        );
+    }
+}
+
 #[test]
 fn full_table_denies_new_keys_and_never_tracks_them() {
     let clock = FakeClock::new();
