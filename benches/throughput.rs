@@ -24,7 +24,8 @@
 //! - `turnstile/<store> batch`: `Limiter::check_many` on chunks of [`CHUNK`] keys (large key
 //!   spaces only);
 //! - `governor`: `RateLimiter::keyed` (dashmap state store, its default quanta clock);
-//! - `mutex-map`: one `Mutex<HashMap<u64, u64>>` (ahash) of GCRA arrival times;
+//! - `mutex-map`: one `Mutex<HashMap<u64, u64>>` (ahash) of GCRA arrival times, on the same
+//!   clock as turnstile (as are the floor probes);
 //! - `floor/cas`: the same GCRA as a compare-and-swap loop on a flat array of `AtomicU64`, one cell
 //!   per key, indexed by the key itself (no hashing, no probing): the cost of the clock read plus
 //!   the cell's cache miss and, when admitted, its write;
@@ -44,7 +45,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use turnstile::{CountingAllocator, Decision, Limiter, Quota, StoreKind};
+use turnstile::{Clock, CountingAllocator, Decision, Limiter, MonotonicClock, Quota, StoreKind};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
@@ -376,24 +377,19 @@ impl Gcra {
     }
 }
 
-/// The baselines' clock: quanta's raw counter scaled to ns since creation (what turnstile's
-/// `MonotonicClock` reads, without its high-water mark).
+/// The baselines' clock: turnstile's own `MonotonicClock` (the TSC read inline where it is
+/// invariant), so the floor probes and the mutex map pay for time what a turnstile check pays;
+/// +1 so that 0 keeps meaning "fresh" in their cells.
 #[derive(Clone)]
-struct RawClock {
-    q: quanta::Clock,
-    start: u64,
-}
+struct BaseClock(MonotonicClock);
 
-impl RawClock {
-    fn new() -> RawClock {
-        let q = quanta::Clock::new();
-        let start = q.raw();
-        RawClock { q, start }
+impl BaseClock {
+    fn new() -> BaseClock {
+        BaseClock(MonotonicClock::new())
     }
     #[inline(always)]
     fn now(&self) -> u64 {
-        // +1: 0 means "fresh" in the baselines' cells.
-        self.q.delta_as_nanos(self.start, self.q.raw()) + 1
+        self.0.now() + 1
     }
 }
 
@@ -460,7 +456,7 @@ impl Contender for Governor {
 struct MutexMap {
     map: Mutex<HashMap<u64, u64, ahash::RandomState>>,
     gcra: Gcra,
-    clock: RawClock,
+    clock: BaseClock,
 }
 
 impl Contender for MutexMap {
@@ -486,7 +482,7 @@ impl Contender for MutexMap {
 struct Cells {
     cells: Box<[AtomicU64]>,
     gcra: Gcra,
-    clock: RawClock,
+    clock: BaseClock,
 }
 
 impl Cells {
@@ -494,7 +490,7 @@ impl Cells {
         Cells {
             cells: (0..keys).map(|_| AtomicU64::new(0)).collect(),
             gcra,
-            clock: RawClock::new(),
+            clock: BaseClock::new(),
         }
     }
 }
@@ -567,7 +563,7 @@ fn mutex_map(load: Load) -> MutexMap {
     MutexMap {
         map: Mutex::new(HashMap::default()),
         gcra: load.gcra(),
-        clock: RawClock::new(),
+        clock: BaseClock::new(),
     }
 }
 
