@@ -1128,8 +1128,9 @@ fn key_space(
         .map(|&d| (d, streams(keys, d, cfg.max_threads(), cfg.stream_len)))
         .collect();
     for load in [Load::Allow, Load::Deny] {
-        // New keys through `check_many`: a fresh table, filled in the same order, 16 keys a
-        // call (so the new keys' cache misses overlap); ns per key only (the table is the same).
+        // New keys through `check_many`: a fresh table, filled in the same order, the same
+        // chunks a call (`check_many` works through them 16 at a time, so the new keys' cache
+        // misses overlap); ns per key only (the table is the same).
         if load == Load::Allow && keys >= cfg.batch_min_keys {
             for kind in StoreKind::ALL {
                 let l = turnstile_limiter(kind, load, keys)?;
@@ -1688,8 +1689,8 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
          mapped outside the allocator), resident bytes per key from the growth of the process's \
          resident set (misses heap reused from earlier tables, so read the larger of the two), \
          and the mean ns per new key while filling (table growth included). The `batch` rows \
-         fill a fresh table through `check_many`, 16 keys a call, in the same order (its memory is \
-         the store's, in the row above).\n"
+         fill a fresh table through `check_many`, {CHUNK} keys a call (it works through them 16 at \
+         a time), in the same order (its memory is the store's, in the row above).\n"
     );
     s += &table(&header, &rows);
     s.push('\n');

@@ -168,7 +168,8 @@ struct FreeIndices {
 }
 
 /// Process-wide, because a thread's index must be the same in every limiter it counts in (it
-/// picks the thread's stripe in each). Touched once when a thread first counts and once when it exits.
+/// picks the thread's stripe in each). Touched once when a thread first counts and once when it
+/// exits.
 static FREE_INDICES: StaticMutex<FreeIndices> = StaticMutex::new(FreeIndices {
     free: std::collections::BinaryHeap::new(),
     next: 0,

@@ -66,8 +66,8 @@ pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 ///
 /// On x86_64 this is `cmpxchg16b` for the swap and, on CPUs with AVX, one `vmovdqa` for the load
 /// (a plain read: a denial writes nothing) and the store; portable-atomic picks them at run time
-/// and falls back to a lock elsewhere. Under loom it is a mutex around the pair, which loom explores like any
-/// other synchronisation.
+/// and falls back to a lock elsewhere. Under loom it is a mutex around the pair, which loom
+/// explores like any other synchronisation.
 pub(crate) struct AtomicPair {
     #[cfg(not(turnstile_loom))]
     v: portable_atomic::AtomicU128,
@@ -202,9 +202,9 @@ impl PairLoad for Vmovdqa {
             // instructions exist and every write to the pair is a `cmpxchg16b` or, for
             // `store`, a `vmovdqa` (portable-atomic uses no lock there): one 16-byte `vmovdqa`
             // of the pair's 16-aligned cell is an atomic load of it, as portable-atomic's own
-            // load is. A load on x86 has acquire
-            // ordering, and the block is a compiler barrier (it neither claims `nomem` nor
-            // `readonly`). The pointer is valid for the borrow of `pair`.
+            // load is. A load on x86 has acquire ordering, and the block is a compiler barrier
+            // (it neither claims `nomem` nor `readonly`). The pointer is valid for the borrow of
+            // `pair`.
             #[cfg(not(turnstile_broken = "torn_load"))]
             unsafe {
                 std::arch::asm!(

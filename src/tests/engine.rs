@@ -17,6 +17,23 @@ fn limiter<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
         .unwrap()
 }
 
+/// Admissions when `threads` threads, started together, each check key 7 `checks` times.
+fn admitted_by_threads(l: &Arc<Limiter<u64, FakeClock>>, threads: usize, checks: u64) -> u64 {
+    let barrier = Arc::new(Barrier::new(threads));
+    (0..threads)
+        .map(|_| {
+            let (l, barrier) = (l.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                (0..checks).filter(|_| l.check(&7).is_allowed()).count() as u64
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .sum()
+}
+
 /// Frozen clock, several threads on one key: exactly `burst` admitted, and the CAS loop really
 /// raced (retries observed). Then advancing k*T admits exactly k more.
 #[test]
@@ -26,19 +43,7 @@ fn threads_on_one_key_admit_exactly_burst() {
     for attempt in 0..10 {
         let clock = FakeClock::new();
         let l = Arc::new(limiter::<u64>(Quota::per_second(1000).burst(BURST), &clock));
-        let barrier = Arc::new(Barrier::new(THREADS));
-        let admitted: u64 = (0..THREADS)
-            .map(|_| {
-                let (l, barrier) = (l.clone(), barrier.clone());
-                std::thread::spawn(move || {
-                    barrier.wait();
-                    (0..BURST).filter(|_| l.check(&7).is_allowed()).count() as u64
-                })
-            })
-            .collect::<Vec<_>>()
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .sum();
+        let admitted = admitted_by_threads(&l, THREADS, BURST);
         assert_eq!(admitted, BURST, "attempt {attempt}");
         let stats = l.stats();
         assert_eq!(stats.allowed, BURST);
@@ -68,19 +73,7 @@ fn threads_on_one_key_admit_exactly_the_window_limit() {
                 &clock,
             ));
             assert_eq!(l.store_kind(), crate::StoreKind::Flat);
-            let barrier = Arc::new(Barrier::new(THREADS));
-            let admitted: u64 = (0..THREADS)
-                .map(|_| {
-                    let (l, barrier) = (l.clone(), barrier.clone());
-                    std::thread::spawn(move || {
-                        barrier.wait();
-                        (0..LIMIT).filter(|_| l.check(&7).is_allowed()).count() as u64
-                    })
-                })
-                .collect::<Vec<_>>()
-                .into_iter()
-                .map(|h| h.join().unwrap())
-                .sum();
+            let admitted = admitted_by_threads(&l, THREADS, LIMIT);
             assert_eq!(admitted, LIMIT, "{alg:?}, attempt {attempt}");
             let stats = l.stats();
             assert_eq!(stats.allowed, LIMIT, "{alg:?}");
