@@ -622,6 +622,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         }
     }
 
+    /// The address of the flat store's first slot, for tests; `None` on the dash store.
+    #[cfg(test)]
+    pub(crate) fn table_address(&self) -> Option<usize> {
+        match &self.store {
+            Map::Flat(s) => Some(s.table_address()),
+            Map::Dash(_) => None,
+        }
+    }
+
     /// Makes the flat store's probe and sweep load slots through portable-atomic, as on a CPU
     /// without the inline `vmovdqa`, for tests of that path.
     #[cfg(test)]

@@ -316,6 +316,36 @@ fn table_is_at_most_20_bytes_per_key_at_the_cap() {
     }
 }
 
+/// A table of 4 MiB and more starts on a 2 MiB boundary, so transparent huge pages can cover all
+/// of it but its tail (the kernel maps them only on aligned 2 MiB ranges); a small table starts
+/// wherever its mapping does, on a 4 KiB page.
+#[test]
+fn large_tables_start_on_a_huge_page_boundary() {
+    for (max_keys, aligned) in [(1_000_000, true), (300_000, true), (1_000, false)] {
+        let l: Limiter<u64> = Limiter::builder()
+            .quota(Quota::per_second(10))
+            .max_keys(max_keys)
+            .build()
+            .unwrap();
+        let at = l.table_address().unwrap();
+        assert_eq!(at % 4096, 0, "{max_keys} keys: table at {at:#x}");
+        if aligned {
+            assert!(
+                l.table_bytes() >= 4 << 20,
+                "{max_keys} keys: {}",
+                l.table_bytes()
+            );
+            assert_eq!(at % (2 << 20), 0, "{max_keys} keys: table at {at:#x}");
+        } else {
+            assert!(
+                l.table_bytes() < 4 << 20,
+                "{max_keys} keys: {}",
+                l.table_bytes()
+            );
+        }
+    }
+}
+
 /// Configurations the flat store cannot serve run on the dash store, and say so.
 #[test]
 fn unservable_configurations_fall_back_to_dash() {
