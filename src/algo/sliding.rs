@@ -2,8 +2,9 @@
 //! Unix-aligned windows ("counter pairs"), in exact integer arithmetic.
 //!
 //! A cost-`n` request is admitted iff the estimate after charging stays within the limit:
-//! `prev * (period - elapsed) + (cur + n) * period <= limit * period` (computed in u128).
-//! This is stricter than the seed's `total < limit` test by less than one unit.
+//! `prev * (period - elapsed) + (cur + n) * period <= limit * period`, which in whole units is
+//! `ceil(prev * (period - elapsed) / period) + cur + n <= limit` (see [`used`]: one 128-by-64
+//! division). This is stricter than the seed's `total < limit` test by less than one unit.
 //!
 //! | bits   | field  | meaning |
 //! |--------|--------|---------|
@@ -107,14 +108,25 @@ fn view(state: u64, now: u64, rule: &Rule) -> View {
     }
 }
 
-/// Decides a cost-`cost` request at `now`.
+/// The estimate in whole units, rounded up: `ceil(prev * (period - elapsed) / period) + cur`,
+/// which is `prev - floor(prev * elapsed / period) + cur` (one division, whose quotient is below
+/// `prev`). With whole-unit costs and limits, `estimate + cost <= limit` is the admission test
+/// `prev * (period - elapsed) + (cur + cost) * period <= limit * period` exactly.
+#[inline(always)]
+fn used(v: &View, period: u64) -> u64 {
+    v.prev - super::mul_div(v.prev, v.elapsed, period) + v.cur
+}
+
+/// Decides a cost-`cost` request at `now`. Inline: out of line, the call was a fifth of a
+/// denial's time (one thread, 1,000 keys, after `mul_div` and the check's own arm in
+/// `cell::apply_inline`: a denial 41 -> 33 ns and 320 -> 274 instructions, an admission 42 -> 40
+/// ns and 330 -> 291).
+#[inline]
 pub(crate) fn decide(state: u64, now: u64, cost: u64, rule: &Rule, headroom: u64) -> Step<u64> {
     let v = view(state, now, rule);
-    let p = u128::from(rule.period);
-    let cap = u128::from(rule.limit - headroom) * p;
-    let weighted = u128::from(v.prev) * (p - u128::from(v.elapsed));
-    let est = weighted + u128::from(v.cur) * p;
-    let after = est + u128::from(cost) * p;
+    let cap = rule.limit - headroom;
+    // Below 2^24: both counters are below 2^22, and so is the cost.
+    let used = used(&v, rule.period);
     // Saturating: with a period near 2^64 ns (a quota of centuries) the sums would wrap; such a
     // reset is "never" either way.
     let reset = |cur: u64, prev: u64| {
@@ -127,44 +139,48 @@ pub(crate) fn decide(state: u64, now: u64, cost: u64, rule: &Rule, headroom: u64
             0
         })
     };
-    if after <= cap {
-        let remaining = ((cap - after) / p) as u64;
+    if used + cost <= cap {
         let cur = v.cur + cost;
         Step::allow(
             encode(v.window, v.prev, cur),
             rule.limit,
-            remaining,
+            cap - used - cost,
             reset(cur, v.prev),
             0,
         )
     } else {
-        let remaining = (cap.saturating_sub(est) / p) as u64;
-        let retry =
-            v.lead
-                .saturating_add(retry_after(&v, cost, rule.limit - headroom, rule.period));
-        Step::deny(rule.limit, remaining, reset(v.cur, v.prev), retry)
+        let retry = v
+            .lead
+            .saturating_add(retry_after(&v, cost, cap, rule.period));
+        Step::deny(
+            rule.limit,
+            cap.saturating_sub(used),
+            reset(v.cur, v.prev),
+            retry,
+        )
     }
 }
 
 /// The earliest wait after which the same request passes, given it does not pass now.
 fn retry_after(v: &View, cost: u64, cap: u64, period: u64) -> u64 {
-    let p = u128::from(period);
     let left = period - v.elapsed;
     // Later in this window: prev's weight falls as elapsed grows; need
     // prev * (P - e') <= (cap - cur - cost) * P, i.e. P - e' <= q.
     if v.cur + cost <= cap && v.prev > 0 {
-        let q = u128::from(cap - v.cur - cost) * p / u128::from(v.prev);
+        // Below P: cap - cur - cost < prev, or the request would pass now.
+        let q = super::mul_div(cap - v.cur - cost, period, v.prev);
         if q > 0 {
             // q < P - elapsed here, or the request would pass now.
-            return (p - q) as u64 - v.elapsed;
+            return period - q - v.elapsed;
         }
     }
-    // In the next window, cur becomes prev: need cur * (P - e'') <= (cap - cost) * P.
-    if v.cur == 0 {
+    // In the next window, cur becomes prev: need cur * (P - e'') <= (cap - cost) * P, which
+    // holds from its start when cur <= cap - cost; otherwise the quotient is below P.
+    if v.cur <= cap - cost {
         return left;
     }
-    let q2 = u128::from(cap - cost) * p / u128::from(v.cur);
-    left.saturating_add((p.saturating_sub(q2)) as u64)
+    let q2 = super::mul_div(cap - cost, period, v.cur);
+    left.saturating_add(period - q2)
 }
 
 /// True when the estimate is zero at `now` and stays zero.
@@ -199,8 +215,6 @@ pub(crate) fn migrate(state: u64, now: u64, old: &Rule, new: &Rule) -> u64 {
         return state;
     }
     let v = view(state, now, old);
-    let p = u128::from(old.period);
-    let est = (u128::from(v.prev) * (p - u128::from(v.elapsed))).div_ceil(p) + u128::from(v.cur);
     let (w, _) = window_of(now, new.phase, new.period);
-    encode(w, 0, u64::try_from(est).unwrap_or(MAX_LIMIT).min(MAX_LIMIT))
+    encode(w, 0, used(&v, old.period).min(MAX_LIMIT))
 }
