@@ -622,6 +622,26 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         }
     }
 
+    /// Makes the flat store's sweeps remove keys one `cmpxchg16b` at a time, as on a CPU
+    /// without RTM, for tests of that path.
+    #[cfg(test)]
+    pub(crate) fn without_rtm(mut self) -> Self {
+        if let Map::Flat(s) = &mut self.store {
+            s.without_rtm();
+        }
+        self
+    }
+
+    /// For tests of the flat store's sweep: (whether it removes in transactions, removals of
+    /// fresh-looking keys that a charge beat so far); `None` on the dash store.
+    #[cfg(test)]
+    pub(crate) fn sweep_races(&self) -> Option<(bool, usize)> {
+        match &self.store {
+            Map::Flat(s) => Some((s.uses_rtm(), s.lost_removals())),
+            Map::Dash(_) => None,
+        }
+    }
+
     /// The address of the flat store's first slot, for tests; `None` on the dash store.
     #[cfg(test)]
     pub(crate) fn table_address(&self) -> Option<usize> {

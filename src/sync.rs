@@ -68,6 +68,7 @@ pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 /// (a plain read: a denial writes nothing) and the store; portable-atomic picks them at run time
 /// and falls back to a lock elsewhere. Under loom it is a mutex around the pair, which loom
 /// explores like any other synchronisation.
+#[repr(transparent)]
 pub(crate) struct AtomicPair {
     #[cfg(not(turnstile_loom))]
     v: portable_atomic::AtomicU128,
@@ -235,6 +236,147 @@ impl PairLoad for Vmovdqa {
     }
 }
 
+/// One compare-and-swap of a batch for [`Rtm::swap_all`]: `pair` from `current` (`[tag,
+/// word]`) to the batch's new value. `repr(C)`: the transaction's loop reads the fields at fixed
+/// offsets (`AtomicPair` is `repr(transparent)`, so the pair's address is its cell's).
+#[repr(C)]
+pub(crate) struct PairSwap<'a> {
+    pair: &'a AtomicPair,
+    current: [u64; 2],
+}
+
+// The offsets `Rtm::swap_all`'s loop reads.
+const _: () = {
+    assert!(std::mem::offset_of!(PairSwap<'static>, pair) == 0);
+    assert!(std::mem::offset_of!(PairSwap<'static>, current) == 8);
+    assert!(std::mem::size_of::<PairSwap<'static>>() == 24);
+};
+
+impl<'a> PairSwap<'a> {
+    pub(crate) fn new(pair: &'a AtomicPair, current: (u64, u64)) -> Self {
+        PairSwap {
+            pair,
+            current: [current.0, current.1],
+        }
+    }
+
+    /// The swap to `new` alone, as `cmpxchg16b`: true if it took effect.
+    pub(crate) fn swap_alone(&self, new: (u64, u64)) -> bool {
+        // AcqRel: like a committed transaction, which orders like a locked instruction.
+        self.pair
+            .compare_exchange(
+                (self.current[0], self.current[1]),
+                new,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+}
+
+/// Intel's restricted transactional memory (RTM), where the CPU has it: a batch of 16-byte
+/// compare-and-swaps that take effect all at once or not at all, for about the price of one
+/// locked instruction. The sweep removes fresh keys in batches with it: a `lock cmpxchg16b` per
+/// removal costs 5.6 ns on this project's machine even in a bare loop over a cached table (more
+/// than the sweep's whole budget per key), a transaction of 32 removals about 1 ns each.
+///
+/// A transaction may abort at any time (a concurrent write to a line it read, an interrupt, a
+/// full cache set): the caller then swaps one by one. While it runs, another core's access to
+/// any line it touched aborts it (strong isolation), and a committed one is ordered like a
+/// locked instruction (Intel SDM vol. 1, 16.3.6), so against the checks' `cmpxchg16b` each
+/// swap of a committed batch is one atomic compare-and-swap. Only [`Rtm::detect`] makes one.
+#[derive(Clone, Copy)]
+pub(crate) struct Rtm(());
+
+impl Rtm {
+    /// `Some` on x86_64 with RTM detected, outside loom (whose pairs are mutexes).
+    pub(crate) fn detect() -> Option<Self> {
+        #[cfg(all(target_arch = "x86_64", not(turnstile_loom)))]
+        {
+            std::is_x86_feature_detected!("rtm").then_some(Rtm(()))
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(turnstile_loom))))]
+        {
+            None
+        }
+    }
+
+    /// Applies every swap of `batch` in one transaction: `Ok(())` when each pair held its
+    /// `current` and now holds `new`; otherwise nothing was written, and `Err` says whether a
+    /// pair held something else (`Mismatch`) or the transaction aborted for another reason.
+    pub(crate) fn swap_all(self, batch: &[PairSwap<'_>], new: (u64, u64)) -> Result<(), Abort> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        #[cfg(all(target_arch = "x86_64", not(turnstile_loom)))]
+        {
+            let status: u32;
+            // SAFETY: `self` exists only where `detect` found RTM, so the instructions exist.
+            // `batch` is a live slice of `PairSwap`s (`repr(C)`, 24 bytes each: the pair's
+            // address at offset 0, then `current`, 8 bytes a half; see the asserts), and each
+            // pair is a live, 16-aligned `AtomicPair` (`repr(transparent)` over its cell),
+            // borrowed for as long as the batch, and only ever accessed atomically: inside a
+            // transaction
+            // the two 8-byte loads and stores of a pair commit together with the rest, so no
+            // other core sees half of one (a conflicting access aborts the transaction instead).
+            // On an abort the CPU discards the stores and restores every register but eax to
+            // its value at `xbegin`, and resumes at `3:`; the pointer and count registers are
+            // clobbered outputs, so their restored values are never read. No stack is used.
+            unsafe {
+                std::arch::asm!(
+                    "xbegin 3f",
+                    "2:",
+                    "mov {p}, qword ptr [{s}]",
+                    "mov {x}, qword ptr [{s} + 8]",
+                    "cmp {x}, qword ptr [{p}]",
+                    "jne 4f",
+                    "mov {x}, qword ptr [{s} + 16]",
+                    "cmp {x}, qword ptr [{p} + 8]",
+                    "jne 4f",
+                    "mov qword ptr [{p}], {tag}",
+                    "mov qword ptr [{p} + 8], {word}",
+                    "add {s}, 24",
+                    "dec {n}",
+                    "jnz 2b",
+                    "xend",
+                    "mov eax, -1",
+                    "jmp 3f",
+                    "4:",
+                    "xabort 1",
+                    "3:",
+                    s = inout(reg) batch.as_ptr() => _,
+                    n = inout(reg) batch.len() => _,
+                    p = out(reg) _,
+                    x = out(reg) _,
+                    tag = in(reg) new.0,
+                    word = in(reg) new.1,
+                    out("eax") status,
+                    options(nostack),
+                );
+            }
+            match status {
+                u32::MAX => Ok(()),
+                // An explicit abort (bit 0) with our code (bits 31..24): a pair differed.
+                s if s & 1 != 0 && s >> 24 == 1 => Err(Abort::Mismatch),
+                _ => Err(Abort::Other),
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(turnstile_loom))))]
+        {
+            Err(Abort::Other)
+        }
+    }
+}
+
+/// Why [`Rtm::swap_all`] wrote nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Abort {
+    /// A pair did not hold its `current`.
+    Mismatch,
+    /// A conflict with another core, an interrupt, a capacity limit...: worth a retry later.
+    Other,
+}
+
 /// The tag is the low half, the word the high half.
 #[inline]
 fn pack(tag: u64, word: u64) -> u128 {
@@ -257,6 +399,49 @@ mod tests {
             eprintln!("no AVX or cmpxchg16b on this CPU: the inline load is never used");
         }
         v
+    }
+
+    /// A batch of swaps in one transaction: all of them where every pair holds what it should
+    /// (a transaction may abort at any time, so the test allows a few tries), none of them
+    /// where one pair holds something else, on every try.
+    #[test]
+    fn transactions_swap_all_pairs_or_none() {
+        let Some(rtm) = Rtm::detect() else {
+            eprintln!("no RTM on this CPU: the transactional swap is never used");
+            return;
+        };
+        let pairs: Vec<AtomicPair> = (0..32).map(|i| AtomicPair::new(i, !i)).collect();
+        let mut batch: Vec<PairSwap<'_>> = pairs
+            .iter()
+            .zip(0..)
+            .map(|(p, i)| PairSwap::new(p, (i, !i)))
+            .collect();
+        // One pair differs: never a write.
+        batch[17] = PairSwap::new(&pairs[17], (17, 0));
+        let mismatch = |batch: &[PairSwap<'_>], new| {
+            let outcomes: Vec<_> = (0..100).map(|_| rtm.swap_all(batch, new)).collect();
+            assert!(
+                outcomes.iter().all(Result::is_err),
+                "a transaction committed"
+            );
+            assert!(
+                outcomes.contains(&Err(Abort::Mismatch)),
+                "never told a mismatch"
+            );
+        };
+        mismatch(&batch, (1, 0));
+        for (p, i) in pairs.iter().zip(0..) {
+            assert_eq!(p.load(Ordering::Acquire), (i, !i), "pair {i} unchanged");
+        }
+        // All match: every pair swapped, once one try commits.
+        batch[17] = PairSwap::new(&pairs[17], (17, !17));
+        let tries = (1..=100).find(|_| rtm.swap_all(&batch, (1, 0)).is_ok());
+        assert!(tries.is_some(), "100 transactions aborted in a row");
+        assert!(pairs.iter().all(|p| p.load(Ordering::Acquire) == (1, 0)));
+        // And now none holds what the batch expects.
+        mismatch(&batch, (2, 0));
+        assert!(pairs.iter().all(|p| p.load(Ordering::Acquire) == (1, 0)));
+        assert!(rtm.swap_all(&[], (2, 0)).is_ok(), "an empty batch is done");
     }
 
     #[test]

@@ -391,7 +391,14 @@ impl Cell {
 /// True when a word cell holding `state` is indistinguishable from a fresh one at `now`.
 #[inline]
 pub(crate) fn word_is_fresh(state: u64, now: u64, rule: &Rule) -> bool {
-    match rule.kind {
+    word_is_fresh_as(rule.kind, state, now, rule)
+}
+
+/// [`word_is_fresh`] for a rule of `kind`: a loop that passes a constant gets that algorithm's
+/// test alone, with no match per call.
+#[inline(always)]
+pub(crate) fn word_is_fresh_as(kind: Kind, state: u64, now: u64, rule: &Rule) -> bool {
+    match kind {
         Kind::Gcra => algo::gcra::is_fresh(state, now),
         Kind::Fixed => algo::fixed::is_fresh(state, now, rule),
         Kind::Sliding => algo::sliding::is_fresh(state, now, rule),

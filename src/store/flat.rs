@@ -59,6 +59,7 @@ use crossbeam_utils::CachePadded;
 
 use super::{Cells, Entry, Full, OnFull, Rules, Store};
 use crate::cell::Cell;
+use crate::quota::Kind;
 use crate::sync::{self, AtomicPair, AtomicU64, AtomicUsize, Ordering, RwLock};
 
 /// Slots per probe group: 4 x 16 bytes, one 64-byte cache line.
@@ -81,6 +82,15 @@ const HUGE_TABLE_BYTES: usize = 4 << 20;
 /// The size (and alignment) of a transparent huge page on x86-64 and most arm64 kernels.
 #[cfg(not(turnstile_loom))]
 const HUGE_PAGE: usize = 2 << 20;
+
+/// Fresh keys a sweep removes in one hardware transaction, where the CPU has them: at most 32
+/// cache lines written, well inside what a transaction holds, and enough that its cost (about
+/// one locked instruction) is small against the removals' (32, 16-byte: 1.0-1.2 ns a slot in a
+/// bare loop on this project's machine, where 4 took 3.7 and a `lock cmpxchg16b` alone 5.6).
+const RTM_BATCH: usize = 32;
+/// Transactions in a row that may abort for a reason other than a changed slot before a sweep
+/// removes the rest of its shard one swap at a time.
+const RTM_ABORTS: usize = 4;
 
 /// Groups (of four slots) an eviction looks at in each shard, from the new key's home group.
 const EVICT_GROUPS: usize = 16;
@@ -154,6 +164,12 @@ pub(crate) struct FlatStore<K> {
     /// The inline slot load of the sweep and the probe, where the CPU has it (see
     /// [`sync::PairLoad`]).
     vmovdqa: Option<sync::Vmovdqa>,
+    /// Hardware transactions for the sweep's removals, where the CPU has them.
+    rtm: Option<sync::Rtm>,
+    /// Removals of fresh-looking keys that failed because the slot changed first (a charge
+    /// landed): the evidence, for tests, that a sweep raced a check.
+    #[cfg(test)]
+    lost_removals: AtomicUsize,
 }
 
 impl<K: Hash + Eq + Clone> FlatStore<K> {
@@ -195,12 +211,22 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
             max_keys,
             on_full,
             vmovdqa: sync::Vmovdqa::detect(),
+            rtm: sync::Rtm::detect(),
+            #[cfg(test)]
+            lost_removals: AtomicUsize::new(0),
         })
     }
 
     /// Sweeps `shard`'s inline keys, with no lock: each removal is a swap that fails if a charge
     /// landed first. An inline key is its word under the store's one rule: fresh when the word
     /// is. Returns (visited, removed, whether any slot is a spilled key's marker).
+    ///
+    /// Where the CPU has RTM, the removals go in batches of [`RTM_BATCH`], each one transaction
+    /// (one swap at a time if it aborts), where a `lock cmpxchg16b` per removal was most of a
+    /// sweep that removes every key. With the loop below, one thread, 1M keys, a sweep right
+    /// after the fill: removing every key 8.7-10.0 -> 6.2-7.4 ns a key (plain stores, which
+    /// would be wrong, take 5.8-6.7: the rest is writing the table back), visiting them all
+    /// 4.1 (2.6-2.8 on a table swept before; 3.8-4.1 with the loop slot by slot).
     #[inline(always)]
     fn sweep_inline(
         &self,
@@ -209,30 +235,104 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         load: impl sync::PairLoad,
     ) -> (usize, usize, bool) {
         let rule = &self.rules.parts[0];
+        match rule.kind {
+            // The default algorithm's loop has its test inline, one compare a key: with the
+            // match inside, it was an indirect jump per key, since the loop's swaps and
+            // transactions make the compiler reload the rule every time.
+            Kind::Gcra => self.sweep_slots(shard, load, |word| {
+                crate::cell::word_is_fresh_as(Kind::Gcra, word, now, rule)
+            }),
+            kind => self.sweep_slots(shard, load, |word| {
+                crate::cell::word_is_fresh_as(kind, word, now, rule)
+            }),
+        }
+    }
+
+    /// [`sweep_inline`](Self::sweep_inline)'s loop, for the freshness test `fresh`.
+    #[inline(always)]
+    fn sweep_slots(
+        &self,
+        shard: &Shard<K>,
+        load: impl sync::PairLoad,
+        fresh: impl Fn(u64) -> bool,
+    ) -> (usize, usize, bool) {
         let (mut visited, mut removed, mut markers) = (0, 0, false);
+        let mut rtm = self.rtm;
+        let mut batch = Vec::with_capacity(if rtm.is_some() { RTM_BATCH } else { 0 });
+        let mut aborts = 0;
+        let mut words = [(EMPTY, 0); GROUP];
         for group in self.groups(shard) {
-            for slot in &group.0 {
-                // Acquire: see `find`.
+            // The line's four slots (Acquire: see `find`), sorted without a branch into masks:
+            // inline keys (tag `..10`: neither EMPTY nor TOMB), fresh ones among them, and
+            // markers (`..11`). Slot by slot with branches, the loop took twice the instructions.
+            let (mut inline, mut fresh_inline, mut spilled) = (0u32, 0u32, 0u32);
+            for (j, (slot, seen)) in group.0.iter().zip(&mut words).enumerate() {
                 let (t, word) = load.load(slot);
-                if t == EMPTY || t == TOMB {
+                let is_inline = t & KIND == INLINE;
+                inline |= u32::from(is_inline) << j;
+                spilled |= u32::from(t & KIND == SPILLED) << j;
+                fresh_inline |= u32::from(is_inline && fresh(word)) << j;
+                *seen = (t, word);
+            }
+            visited += inline.count_ones() as usize;
+            markers |= spilled != 0;
+            while fresh_inline != 0 {
+                let j = fresh_inline.trailing_zeros() as usize;
+                fresh_inline &= fresh_inline - 1;
+                let slot = &group.0[j];
+                // A swap from what we read: it fails if a charge landed since (see `evict_one`).
+                if rtm.is_none() {
+                    let removal = sync::PairSwap::new(slot, words[j]);
+                    removed += self.remove_alone(std::slice::from_ref(&removal));
                     continue;
                 }
-                if t & KIND == SPILLED {
-                    markers = true;
-                    continue;
-                }
-                visited += 1;
-                // AcqRel: see `evict_one`.
-                if crate::cell::word_is_fresh(word, now, rule)
-                    && slot
-                        .compare_exchange((t, word), (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
-                        .is_ok()
-                {
-                    removed += 1;
+                batch.push(sync::PairSwap::new(slot, words[j]));
+                if batch.len() == RTM_BATCH {
+                    removed += self.remove_batch(&mut rtm, &batch, &mut aborts);
+                    batch.clear();
                 }
             }
         }
+        removed += self.remove_batch(&mut rtm, &batch, &mut aborts);
         (visited, removed, markers)
+    }
+
+    /// Applies `batch`'s removals in one transaction, or, where it aborts, one at a time; the
+    /// number that took effect. After [`RTM_ABORTS`] aborts in a row for reasons other than a
+    /// changed slot (a CPU whose transactions always abort, say), `rtm` is dropped for the rest
+    /// of the sweep.
+    fn remove_batch(
+        &self,
+        rtm: &mut Option<sync::Rtm>,
+        batch: &[sync::PairSwap<'_>],
+        aborts: &mut usize,
+    ) -> usize {
+        let Some(r) = *rtm else {
+            return self.remove_alone(batch);
+        };
+        match r.swap_all(batch, (TOMB, 0)) {
+            Ok(()) => {
+                *aborts = 0;
+                batch.len()
+            }
+            Err(sync::Abort::Mismatch) => self.remove_alone(batch),
+            Err(sync::Abort::Other) => {
+                *aborts += 1;
+                if *aborts >= RTM_ABORTS {
+                    *rtm = None;
+                }
+                self.remove_alone(batch)
+            }
+        }
+    }
+
+    /// Applies each removal of `batch` as its own `cmpxchg16b`; the number that took effect.
+    fn remove_alone(&self, batch: &[sync::PairSwap<'_>]) -> usize {
+        let done = batch.iter().filter(|r| r.swap_alone((TOMB, 0))).count();
+        #[cfg(test)]
+        self.lost_removals
+            .fetch_add(batch.len() - done, Ordering::Relaxed);
+        done
     }
 
     /// Bytes of the slot table (mapped outside the global allocator; resident as touched).
@@ -252,6 +352,24 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     #[cfg(test)]
     pub(crate) fn without_inline_load(&mut self) {
         self.vmovdqa = None;
+    }
+
+    /// Removes swept keys one `cmpxchg16b` at a time from now on, as on a CPU without RTM.
+    #[cfg(test)]
+    pub(crate) fn without_rtm(&mut self) {
+        self.rtm = None;
+    }
+
+    /// Whether sweeps remove keys in transactions (see [`sync::Rtm`]).
+    #[cfg(test)]
+    pub(crate) fn uses_rtm(&self) -> bool {
+        self.rtm.is_some()
+    }
+
+    /// See the field.
+    #[cfg(test)]
+    pub(crate) fn lost_removals(&self) -> usize {
+        self.lost_removals.load(Ordering::Relaxed)
     }
 
     /// Where the key hashed to `hash` sits, for tests: (groups from its home group, whether it

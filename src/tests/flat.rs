@@ -403,6 +403,117 @@ fn sweeping_clears_inline_and_spilled_keys() {
     assert_eq!(d.remaining(), 1, "a fresh bucket of 2 after one check");
 }
 
+/// Sweeps racing the first charges of keys that have just turned fresh. Each round the clock
+/// jumps past every key's state, so every key is fresh and removable; two threads then spend
+/// each key's burst while a third sweeps without pause. A removal that landed after a charge
+/// would hand the key a second burst, so exactly `KEYS * BURST` are admitted a round; and
+/// some removals did lose to a charge (the race happened). Run on both removal paths: batches
+/// in hardware transactions where the CPU has RTM, and one `cmpxchg16b` at a time.
+fn sweeps_racing_fresh_keys_grant_no_extra_permits(rtm: bool) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::AcqRel, Ordering::Acquire};
+    const KEYS: u64 = 64;
+    const BURST: u64 = 4;
+    // Rounds go on until a removal has lost to a charge, between these bounds (a round takes
+    // about 0.2 ms).
+    const MIN_ROUNDS: usize = 200;
+    const MAX_ROUNDS: usize = 40_000;
+    let clock = FakeClock::new();
+    let l: Limiter<u64, FakeClock> = Limiter::builder()
+        .quota(Quota::per_hour(1).burst(BURST))
+        .max_keys(4 * KEYS as usize)
+        .sweep_grace(Duration::ZERO)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let l = if rtm { l } else { l.without_rtm() };
+    let (uses_rtm, _) = l.sweep_races().unwrap();
+    if rtm && !uses_rtm {
+        eprintln!("no RTM on this CPU: the transactional removal is not tested here");
+        return;
+    }
+    assert_eq!(uses_rtm, rtm);
+    // The main thread, two checkers and the sweeper meet at `start` and `done` every round;
+    // `more` says at `start` whether there is one.
+    let (start, done) = (Barrier::new(4), Barrier::new(4));
+    let (more, checking) = (AtomicBool::new(true), AtomicUsize::new(0));
+    let rounds = std::thread::scope(|s| {
+        let checkers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (l, start, done, more, checking) = (&l, &start, &done, &more, &checking);
+                s.spawn(move || {
+                    let mut admitted = Vec::new();
+                    loop {
+                        start.wait();
+                        if !more.load(Acquire) {
+                            return admitted;
+                        }
+                        // Each thread walks the keys from its own end, so both meet mid-way.
+                        let n = (0..KEYS * BURST * 2)
+                            .map(|i| {
+                                if t == 0 {
+                                    i % KEYS
+                                } else {
+                                    KEYS - 1 - i % KEYS
+                                }
+                            })
+                            .filter(|k| l.check(k).is_allowed())
+                            .count() as u64;
+                        admitted.push(n);
+                        checking.fetch_sub(1, AcqRel);
+                        done.wait();
+                    }
+                })
+            })
+            .collect();
+        s.spawn(|| {
+            loop {
+                start.wait();
+                if !more.load(Acquire) {
+                    return;
+                }
+                // At least one sweep a round, from the moment the checkers start.
+                l.sweep_now();
+                while checking.load(Acquire) > 0 {
+                    l.sweep_now();
+                }
+                done.wait();
+            }
+        });
+        let mut rounds = 0;
+        while rounds < MIN_ROUNDS || (rounds < MAX_ROUNDS && l.sweep_races().unwrap().1 == 0) {
+            // Past every key's state: the keys left from the round before are all fresh.
+            clock.advance(Duration::from_secs(3600 * (BURST + 1)));
+            checking.store(2, std::sync::atomic::Ordering::Release);
+            start.wait();
+            done.wait();
+            rounds += 1;
+        }
+        more.store(false, std::sync::atomic::Ordering::Release);
+        start.wait();
+        let per_thread: Vec<Vec<u64>> = checkers.into_iter().map(|h| h.join().unwrap()).collect();
+        for (round, (a, b)) in per_thread[0].iter().zip(&per_thread[1]).enumerate() {
+            assert_eq!(a + b, KEYS * BURST, "round {round}: admitted");
+        }
+        assert_eq!(per_thread[0].len(), rounds);
+        rounds
+    });
+    let (_, lost) = l.sweep_races().unwrap();
+    assert!(
+        lost > 0,
+        "in {rounds} rounds no removal lost to a charge: the race never happened"
+    );
+}
+
+#[test]
+fn sweeps_in_transactions_racing_fresh_keys_grant_no_extra_permits() {
+    sweeps_racing_fresh_keys_grant_no_extra_permits(true);
+}
+
+#[test]
+fn sweeps_one_swap_at_a_time_racing_fresh_keys_grant_no_extra_permits() {
+    sweeps_racing_fresh_keys_grant_no_extra_permits(false);
+}
+
 /// More threads than stats stripes: owners count with plain stores, the rest share one stripe
 /// with `fetch_add`, and no count is lost.
 #[test]
