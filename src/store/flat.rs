@@ -223,10 +223,12 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     ///
     /// Where the CPU has RTM, the removals go in batches of [`RTM_BATCH`], each one transaction
     /// (one swap at a time if it aborts), where a `lock cmpxchg16b` per removal was most of a
-    /// sweep that removes every key. With the loop below, one thread, 1M keys, a sweep right
-    /// after the fill: removing every key 8.7-10.0 -> 6.2-7.4 ns a key (plain stores, which
-    /// would be wrong, take 5.8-6.7: the rest is writing the table back), visiting them all
-    /// 4.1 (2.6-2.8 on a table swept before; 3.8-4.1 with the loop slot by slot).
+    /// sweep that removes every key. One thread, 1M keys, a sweep right after the fill: removing
+    /// every key 10.2-10.4 -> 6.3 ns a key (plain stores, which would be wrong, take 5.8-6.7:
+    /// the rest is writing the table back); visiting unchanged at 4.4-4.6; 100k keys in a table
+    /// for 1M, removing them all 3.5 -> 3.1-3.3 ms. A branch-free loop that sorted each line's
+    /// four slots into masks took half the instructions and was faster on a table swept
+    /// before, but tripled that sparse sweep right after a fill (its loads stalled).
     #[inline(always)]
     fn sweep_inline(
         &self,
@@ -260,33 +262,30 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         let mut rtm = self.rtm;
         let mut batch = Vec::with_capacity(if rtm.is_some() { RTM_BATCH } else { 0 });
         let mut aborts = 0;
-        let mut words = [(EMPTY, 0); GROUP];
         for group in self.groups(shard) {
-            // The line's four slots (Acquire: see `find`), sorted without a branch into masks:
-            // inline keys (tag `..10`: neither EMPTY nor TOMB), fresh ones among them, and
-            // markers (`..11`). Slot by slot with branches, the loop took twice the instructions.
-            let (mut inline, mut fresh_inline, mut spilled) = (0u32, 0u32, 0u32);
-            for (j, (slot, seen)) in group.0.iter().zip(&mut words).enumerate() {
+            for slot in &group.0 {
+                // Acquire: see `find`.
                 let (t, word) = load.load(slot);
-                let is_inline = t & KIND == INLINE;
-                inline |= u32::from(is_inline) << j;
-                spilled |= u32::from(t & KIND == SPILLED) << j;
-                fresh_inline |= u32::from(is_inline && fresh(word)) << j;
-                *seen = (t, word);
-            }
-            visited += inline.count_ones() as usize;
-            markers |= spilled != 0;
-            while fresh_inline != 0 {
-                let j = fresh_inline.trailing_zeros() as usize;
-                fresh_inline &= fresh_inline - 1;
-                let slot = &group.0[j];
+                if t == EMPTY || t == TOMB {
+                    continue;
+                }
+                if t & KIND == SPILLED {
+                    markers = true;
+                    continue;
+                }
+                visited += 1;
+                if !fresh(word) {
+                    continue;
+                }
                 // A swap from what we read: it fails if a charge landed since (see `evict_one`).
                 if rtm.is_none() {
-                    let removal = sync::PairSwap::new(slot, words[j]);
+                    let removal = sync::PairSwap::new(slot, (t, word));
                     removed += self.remove_alone(std::slice::from_ref(&removal));
                     continue;
                 }
-                batch.push(sync::PairSwap::new(slot, words[j]));
+                // Built in place: built first and moved in, the entry was stored in halves and
+                // loaded whole, a store-forwarding stall (43% of the sweep's samples).
+                batch.push(sync::PairSwap::new(slot, (t, word)));
                 if batch.len() == RTM_BATCH {
                     removed += self.remove_batch(&mut rtm, &batch, &mut aborts);
                     batch.clear();
@@ -942,15 +941,25 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
 /// (The global allocator would do the same for one large `calloc`, but glibc serves repeated
 /// large allocations from its heap and zeroes them by hand.)
 struct Groups {
+    /// The mapping, owned here (unmapped on drop) and reached through `first`.
     #[cfg(not(turnstile_loom))]
-    map: memmap2::MmapMut,
-    /// Where the groups start in `map`: a large table starts on a 2 MiB boundary.
+    _map: memmap2::MmapMut,
+    /// The first group, in `map` (a large table starts on a 2 MiB boundary): kept as a
+    /// pointer, since adding an offset to the map's address on every lookup cost a load and an
+    /// add (2.5 instructions a hot-key denial, callgrind).
     #[cfg(not(turnstile_loom))]
-    offset: usize,
+    first: *const Group,
     #[cfg(turnstile_loom)]
     vec: Box<[Group]>,
     len: usize,
 }
+
+// SAFETY: `first` points into `map`, which `Groups` owns and which is `Send` and `Sync`; the
+// groups are only ever accessed through atomics (see `get`), as a `Box<[Group]>` would be.
+#[cfg(not(turnstile_loom))]
+unsafe impl Send for Groups {}
+#[cfg(not(turnstile_loom))]
+unsafe impl Sync for Groups {}
 
 impl Groups {
     /// `len` groups; `None` when the system will not map that much.
@@ -977,7 +986,13 @@ impl Groups {
                 let whole = bytes / HUGE_PAGE * HUGE_PAGE;
                 let _ = map.advise_range(memmap2::Advice::HugePage, offset, whole);
             }
-            Some(Groups { map, offset, len })
+            // SAFETY: `offset` is below the 2 MiB of slack, so `offset + bytes` is in the map.
+            let first = unsafe { map.as_ptr().add(offset) } as *const Group;
+            Some(Groups {
+                _map: map,
+                first,
+                len,
+            })
         }
         #[cfg(turnstile_loom)]
         {
@@ -991,12 +1006,12 @@ impl Groups {
     #[inline]
     fn get(&self) -> &[Group] {
         #[cfg(not(turnstile_loom))]
-        // SAFETY: the map holds `len * size_of::<Group>()` bytes from `offset`, which is
+        // SAFETY: the map holds `len * size_of::<Group>()` bytes from `first`, which is
         // page-aligned (so 64-aligned); they are zero-filled by the operating system, and the
         // map lives as long as `self`. All-zero bytes are a valid `Group` (four `AtomicPair`s, each an `UnsafeCell<u128>` holding 0), and the slots
         // are only ever accessed through atomic operations, never through the map's `&mut`.
         unsafe {
-            std::slice::from_raw_parts(self.map.as_ptr().add(self.offset) as *const Group, self.len)
+            std::slice::from_raw_parts(self.first, self.len)
         }
         #[cfg(turnstile_loom)]
         {
