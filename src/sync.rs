@@ -283,8 +283,9 @@ impl<'a> PairSwap<'a> {
 /// A transaction may abort at any time (a concurrent write to a line it read, an interrupt, a
 /// full cache set): the caller then swaps one by one. While it runs, another core's access to
 /// any line it touched aborts it (strong isolation), and a committed one is ordered like a
-/// locked instruction (Intel SDM vol. 1, 16.3.6), so against the checks' `cmpxchg16b` each
-/// swap of a committed batch is one atomic compare-and-swap. Only [`Rtm::detect`] makes one.
+/// locked instruction (Intel's SDM, on RTM's memory ordering), so against the checks'
+/// `cmpxchg16b` each swap of a committed batch is one atomic compare-and-swap. Only
+/// [`Rtm::detect`] makes one.
 #[derive(Clone, Copy)]
 pub(crate) struct Rtm(());
 
@@ -316,9 +317,9 @@ impl Rtm {
             // address at offset 0, then `current`, 8 bytes a half; see the asserts), and each
             // pair is a live, 16-aligned `AtomicPair` (`repr(transparent)` over its cell),
             // borrowed for as long as the batch, and only ever accessed atomically: inside a
-            // transaction
-            // the two 8-byte loads and stores of a pair commit together with the rest, so no
-            // other core sees half of one (a conflicting access aborts the transaction instead).
+            // transaction the two 8-byte loads and stores of a pair commit together with the
+            // rest, so no other core sees half of one (a conflicting access aborts the
+            // transaction instead).
             // On an abort the CPU discards the stores and restores every register but eax to
             // its value at `xbegin`, and resumes at `3:`; the pointer and count registers are
             // clobbered outputs, so their restored values are never read. No stack is used.

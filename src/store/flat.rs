@@ -944,7 +944,7 @@ struct Groups {
     /// The mapping, owned here (unmapped on drop) and reached through `first`.
     #[cfg(not(turnstile_loom))]
     _map: memmap2::MmapMut,
-    /// The first group, in `map` (a large table starts on a 2 MiB boundary): kept as a
+    /// The first group, in `_map` (a large table starts on a 2 MiB boundary): kept as a
     /// pointer, since adding an offset to the map's address on every lookup cost a load and an
     /// add (2.5 instructions a hot-key denial, callgrind).
     #[cfg(not(turnstile_loom))]
@@ -954,7 +954,7 @@ struct Groups {
     len: usize,
 }
 
-// SAFETY: `first` points into `map`, which `Groups` owns and which is `Send` and `Sync`; the
+// SAFETY: `first` points into `_map`, which `Groups` owns and which is `Send` and `Sync`; the
 // groups are only ever accessed through atomics (see `get`), as a `Box<[Group]>` would be.
 #[cfg(not(turnstile_loom))]
 unsafe impl Send for Groups {}
@@ -1008,8 +1008,9 @@ impl Groups {
         #[cfg(not(turnstile_loom))]
         // SAFETY: the map holds `len * size_of::<Group>()` bytes from `first`, which is
         // page-aligned (so 64-aligned); they are zero-filled by the operating system, and the
-        // map lives as long as `self`. All-zero bytes are a valid `Group` (four `AtomicPair`s, each an `UnsafeCell<u128>` holding 0), and the slots
-        // are only ever accessed through atomic operations, never through the map's `&mut`.
+        // map lives as long as `self`. All-zero bytes are a valid `Group` (four `AtomicPair`s,
+        // each an `UnsafeCell<u128>` holding 0), and the slots are only ever accessed through
+        // atomic operations, never through the map's `&mut`.
         unsafe {
             std::slice::from_raw_parts(self.first, self.len)
         }
