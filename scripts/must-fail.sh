@@ -14,6 +14,9 @@
 #   torn_load   the inline 16-byte load of the sweep and the probe (`sync::Vmovdqa`) built from two loads' halves:
 #               the tearing test (sync::tests::inline_load_never_tears_under_swaps) must fail.
 #               Loom cannot see this one (its pair is a mutex), so it is not asked to.
+#   blind_removal  the sweep's removal a plain store a little while after its load, and no
+#               transactions: both sweep race tests (tests::flat::sweeps_*_racing_fresh_keys_*)
+#               must see a round admit more than its bound. Only the real-thread tests are asked.
 #
 # The loom runs build in their own target folders (target/broken-loom-*), so the normal loom
 # build stays cached; the unit tests are rebuilt in target/ with the cfg on this crate only (the
@@ -43,14 +46,14 @@ expect_failure() { # name, grep pattern that the failure output must contain, co
     rm -f "$log"
 }
 
-for variant in load_store relaxed torn_load; do
+for variant in load_store relaxed torn_load blind_removal; do
     echo "== broken cell: $variant"
     flags="--cfg turnstile_broken=\"$variant\""
     case "$variant" in
         load_store) loom_reason='a charge was lost|state went back|left: [0-9]+' ;;
         relaxed) loom_reason='Causality violation|data race' ;;
     esac
-    if [[ "$variant" != torn_load ]]; then
+    if [[ "$variant" != torn_load && "$variant" != blind_removal ]]; then
         expect_failure "loom suite ($variant)" "$loom_reason" \
             env RUSTFLAGS="$flags" TURNSTILE_LOOM_TARGET_DIR="$root/target/broken-loom-$variant" \
             bash scripts/loom.sh --test cells
@@ -70,6 +73,12 @@ for variant in load_store relaxed torn_load; do
                 "$exe" --exact tests::engine::threads_on_one_key_admit_exactly_burst
             expect_failure "window thread exactness test ($variant)" 'attempt [0-9]+' \
                 "$exe" --exact tests::engine::threads_on_one_key_admit_exactly_the_window_limit
+        elif [[ "$variant" == blind_removal ]]; then
+            for path in in_transactions one_swap_at_a_time; do
+                expect_failure "sweep race test, $path ($variant)" 'more than [0-9]+ a round' \
+                    "$exe" --exact \
+                    "tests::flat::sweeps_${path}_racing_fresh_keys_grant_no_extra_permits"
+            done
         else
             expect_failure "tearing test ($variant)" 'a torn or stale load' \
                 "$exe" --exact sync::tests::inline_load_never_tears_under_swaps

@@ -261,7 +261,19 @@ impl<'a> PairSwap<'a> {
     }
 
     /// The swap to `new` alone, as `cmpxchg16b`: true if it took effect.
+    #[cfg_attr(turnstile_broken = "blind_removal", allow(unreachable_code))]
     pub(crate) fn swap_alone(&self, new: (u64, u64)) -> bool {
+        // Deliberately broken (scripts/must-fail.sh): a blind store, some time after the visit
+        // read the slot (as for a sweeper preempted there), which overwrites a charge that landed
+        // in between; the sweep race tests must catch the extra permits.
+        #[cfg(turnstile_broken = "blind_removal")]
+        {
+            for _ in 0..2_000 {
+                std::hint::spin_loop();
+            }
+            self.pair.store(new.0, new.1, Ordering::Release);
+            return true;
+        }
         // AcqRel: like a committed transaction, which orders like a locked instruction.
         self.pair
             .compare_exchange(
@@ -305,10 +317,17 @@ impl Rtm {
     /// Applies every swap of `batch` in one transaction: `Ok(())` when each pair held its
     /// `current` and now holds `new`; otherwise nothing was written, and `Err` says whether a
     /// pair held something else (`Mismatch`) or the transaction aborted for another reason.
+    #[cfg_attr(
+        turnstile_broken = "blind_removal",
+        allow(unreachable_code, unused_variables)
+    )]
     pub(crate) fn swap_all(self, batch: &[PairSwap<'_>], new: (u64, u64)) -> Result<(), Abort> {
         if batch.is_empty() {
             return Ok(());
         }
+        // The broken build's removals all go through its blind `PairSwap::swap_alone`.
+        #[cfg(turnstile_broken = "blind_removal")]
+        return Err(Abort::Other);
         #[cfg(all(target_arch = "x86_64", not(turnstile_loom)))]
         {
             let status: u32;
