@@ -642,6 +642,16 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         }
     }
 
+    /// For tests of the flat store's pass counts (see `FlatStore::wrong_pass_counts`): the
+    /// groups whose count is wrong, and the largest count; `None` on the dash store.
+    #[cfg(test)]
+    pub(crate) fn pass_counts(&self) -> Option<(Vec<crate::store::flat::WrongPassCount>, u8)> {
+        match &self.store {
+            Map::Flat(s) => Some((s.wrong_pass_counts(), s.max_pass_count())),
+            Map::Dash(_) => None,
+        }
+    }
+
     /// The address of the flat store's first slot, for tests; `None` on the dash store.
     #[cfg(test)]
     pub(crate) fn table_address(&self) -> Option<usize> {

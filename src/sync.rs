@@ -5,7 +5,7 @@
 //! performs. Keep it that way: a raw `std` atomic elsewhere is invisible to the model checker.
 
 #[cfg(not(turnstile_loom))]
-pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(turnstile_loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -18,7 +18,7 @@ pub(crate) use std::sync::Mutex as StaticMutex;
 pub(crate) use std::sync::atomic::AtomicUsize as StaticAtomicUsize;
 
 #[cfg(turnstile_loom)]
-pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 #[cfg(turnstile_loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -258,6 +258,16 @@ impl<'a> PairSwap<'a> {
             pair,
             current: [current.0, current.1],
         }
+    }
+
+    /// The pair this swap is for.
+    pub(crate) fn pair(&self) -> &'a AtomicPair {
+        self.pair
+    }
+
+    /// The tag half of what the swap expects.
+    pub(crate) fn tag(&self) -> u64 {
+        self.current[0]
     }
 
     /// The swap to `new` alone, as `cmpxchg16b`: true if it took effect.

@@ -148,6 +148,8 @@ proptest! {
             let (a, b) = (apply(&flat, &fc, op), apply(&dash, &dc, op));
             prop_assert_eq!(&a, &b, "op {} {:?}", i, op);
             prop_assert_eq!(flat.stats(), dash.stats(), "stats after op {} {:?}", i, op);
+            let (wrong, _) = flat.pass_counts().unwrap();
+            prop_assert!(wrong.is_empty(), "pass counts after op {} {:?}: {:?}", i, op, wrong);
         }
     }
 
@@ -503,11 +505,198 @@ fn sweeps_racing_fresh_keys_grant_no_extra_permits(rtm: bool) {
         "(round, admitted): more than {} a round",
         KEYS * BURST
     );
+    let (wrong, _) = l.pass_counts().unwrap();
+    assert_eq!(wrong, [], "(shard, group, count, expected)");
     let (_, lost) = l.sweep_races().unwrap();
     assert!(
         lost > 0,
         "in {rounds} rounds no removal lost to a charge: the race never happened"
     );
+}
+
+/// Keys come and go as clients do: each round a new set fills the table (some spilled under
+/// another plan), some are reset, the rest turn fresh and are swept, with removals one swap at a
+/// time and (where the CPU has RTM) in transactions. The pass counts stay exact throughout and
+/// are all 0 once the table is empty again, so a lookup of an absent key stops at its home
+/// group however many keys have come and gone; every key is found and decided exactly.
+#[test]
+fn keys_that_come_and_go_leave_exact_pass_counts() {
+    const KEYS: u64 = 20_000;
+    const ROUNDS: u64 = 4;
+    for rtm in [true, false] {
+        let clock = FakeClock::new();
+        let l: Limiter<u64, FakeClock> = Limiter::builder()
+            .quota(Quota::per_hour(1).burst(1))
+            .plan("other", Plan::new([Quota::per_hour(2).burst(2)]))
+            .max_keys(KEYS as usize)
+            .shards(2)
+            .sweep_grace(Duration::ZERO)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let l = if rtm { l } else { l.without_rtm() };
+        let other = l.plan("other").unwrap();
+        let exact = |when: &str| {
+            let (wrong, max) = l.pass_counts().unwrap();
+            assert_eq!(
+                wrong,
+                [],
+                "{when} (rtm {rtm}): (shard, group, count, expected)"
+            );
+            max
+        };
+        for round in 0..ROUNDS {
+            let keys = round * KEYS..(round + 1) * KEYS;
+            for k in keys.clone() {
+                let d = if k % 5 == 0 {
+                    l.check_in(&k, other, 1).unwrap()
+                } else {
+                    l.check(&k)
+                };
+                assert!(d.is_allowed(), "round {round}, key {k}: {d:?}");
+            }
+            assert_eq!(l.len(), KEYS as usize);
+            let max = exact(&format!("round {round}, full"));
+            assert!(max > 0, "round {round}: no key lies beyond its home group");
+            for k in keys.clone() {
+                assert!(
+                    !l.check(&k).is_allowed() || k % 5 == 0,
+                    "round {round}, key {k}"
+                );
+            }
+            let reset = keys.clone().filter(|k| k % 7 == 3);
+            assert!(reset.clone().all(|k| l.reset(&k)));
+            exact(&format!("round {round}, after resets"));
+            clock.advance(Duration::from_secs(3 * 3600));
+            let swept = l.sweep_now();
+            assert_eq!(
+                swept as u64,
+                KEYS - keys.filter(|k| k % 7 == 3).count() as u64
+            );
+            assert!(l.is_empty());
+            let max = exact(&format!("round {round}, swept"));
+            assert_eq!(max, 0, "round {round}: an empty table owes no passes");
+        }
+    }
+}
+
+/// New keys at a full table of fresh ones evict them one by one (from the new key's shard or
+/// the next ones, near the new key's home, so once most are gone some new keys find none): the
+/// pass counts stay exact.
+#[test]
+fn evictions_leave_exact_pass_counts() {
+    const KEYS: u64 = 20_000;
+    let clock = FakeClock::new();
+    let l: Limiter<u64, FakeClock> = Limiter::builder()
+        .quota(Quota::per_hour(1).burst(1))
+        .max_keys(KEYS as usize)
+        .on_full(OnFull::EvictFresh)
+        .sweep_grace(Duration::ZERO)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for k in 0..KEYS {
+        assert!(l.check(&k).is_allowed());
+    }
+    clock.advance(Duration::from_secs(2 * 3600));
+    let admitted: Vec<u64> = (KEYS..2 * KEYS)
+        .filter(|k| l.check(k).is_allowed())
+        .collect();
+    assert!(
+        admitted.len() > KEYS as usize / 2,
+        "{} admitted",
+        admitted.len()
+    );
+    assert_eq!(l.len(), KEYS as usize);
+    assert_eq!(l.stats().evictions, admitted.len() as u64);
+    let (wrong, max) = l.pass_counts().unwrap();
+    assert_eq!(wrong, [], "(shard, group, count, expected)");
+    assert!(max > 0, "no key lies beyond its home group");
+    for k in &admitted {
+        assert!(!l.check(k).is_allowed(), "key {k} was lost");
+    }
+}
+
+/// Two threads check resident keys of a table kept near its cap while a third brings in new
+/// keys and resets them, and a fourth sweeps: claims raise pass counts and removals lower them
+/// while lookups rely on them. Every resident key is still found and admitted exactly `BURST`
+/// times in all, and the counts are exact once the threads are done.
+#[test]
+fn pass_counts_under_churn_lose_no_key() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::AcqRel, Ordering::Acquire};
+    const RESIDENT: u64 = 15_000;
+    const BURST: u64 = 3;
+    let l: Limiter<u64, FakeClock> = Limiter::builder()
+        .quota(Quota::per_hour(BURST).burst(BURST))
+        .max_keys(20_000)
+        .shards(2)
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    for k in 0..RESIDENT {
+        assert!(l.check(&k).is_allowed());
+    }
+    let beyond = (0..RESIDENT)
+        .filter(|k| l.placement(k).unwrap().0 > 0)
+        .count();
+    assert!(
+        beyond > 100,
+        "{beyond} resident keys beyond their home group"
+    );
+    let (admitted, churning) = (AtomicU64::new(RESIDENT), AtomicBool::new(true));
+    // Passes over the resident keys that each checker finished while the churn went on.
+    let during = std::thread::scope(|s| {
+        let checkers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (l, admitted, churning) = (&l, &admitted, &churning);
+                s.spawn(move || {
+                    let (mut passes, mut during) = (0, 0);
+                    while churning.load(Acquire) || passes < 2 {
+                        let n = (0..RESIDENT)
+                            .map(|i| if t == 0 { i } else { RESIDENT - 1 - i })
+                            .filter(|k| l.check(k).is_allowed())
+                            .count() as u64;
+                        admitted.fetch_add(n, AcqRel);
+                        passes += 1;
+                        during += usize::from(churning.load(Acquire));
+                    }
+                    during
+                })
+            })
+            .collect();
+        s.spawn(|| {
+            while churning.load(Acquire) {
+                l.sweep_now();
+            }
+        });
+        for round in 0..40u64 {
+            let transient = (1 + round) * 1_000_000..(1 + round) * 1_000_000 + 4_000;
+            for k in transient.clone() {
+                assert!(l.check(&k).is_allowed(), "transient key {k}");
+            }
+            for k in transient {
+                assert!(l.reset(&k), "transient key {k} was lost");
+            }
+        }
+        churning.store(false, std::sync::atomic::Ordering::Release);
+        checkers
+            .into_iter()
+            .map(|c| c.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert!(
+        during.iter().all(|&d| d >= 2),
+        "passes during the churn: {during:?}"
+    );
+    assert_eq!(
+        admitted.load(Acquire),
+        BURST * RESIDENT,
+        "admissions of resident keys"
+    );
+    assert_eq!(l.len(), RESIDENT as usize);
+    let (wrong, max) = l.pass_counts().unwrap();
+    assert_eq!(wrong, [], "(shard, group, count, expected)");
+    assert!(max > 0);
 }
 
 #[test]
