@@ -573,13 +573,19 @@ fn mutex_map(load: Load) -> MutexMap {
 /// Checks every key `0..keys` once, one thread, in order (the table fills up; for the
 /// deny-heavy quota each key's only unit is spent). Returns ns per key.
 fn fill<C: Contender>(c: &C, keys: u64) -> f64 {
+    fill_from(c, 0, keys)
+}
+
+/// [`fill`] with the keys `first..first + keys`.
+fn fill_from<C: Contender>(c: &C, first: u64, keys: u64) -> f64 {
     let mut s = c.scratch();
     let mut chunk = Vec::with_capacity(CHUNK);
+    let end = first + keys;
     let start = Instant::now();
-    let mut k = 0;
-    while k < keys {
+    let mut k = first;
+    while k < end {
         chunk.clear();
-        chunk.extend(k..(k + CHUNK as u64).min(keys));
+        chunk.extend(k..(k + CHUNK as u64).min(end));
         black_box(c.run(&chunk, &mut s));
         k += chunk.len() as u64;
     }
@@ -1382,6 +1388,18 @@ fn sweeps(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
             median(&mut remove),
         );
 
+        // Churn: one table filled with new keys and swept empty, round after round.
+        let l = Limiter::builder()
+            .quota(Quota::new(1, Duration::from_micros(1)).burst(1))
+            .store(kind)
+            .max_keys(keys as usize)
+            .sweep_grace(Duration::ZERO)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let l = Turnstile(l);
+        let (first, last) = churn(&name, &l, keys, || l.0.sweep_now() as u64, || l.0.len())?;
+        push_churn(res, keys, &name, first, last);
+
         // Check latency, idle and with a sweeper looping over the same table.
         progress.step(&format!("sweep vs check {} {name}", keys_label(keys)));
         let (idle, _) = latency(&live, &st, 1, cfg.latency_samples, cfg.latency_budget);
@@ -1463,6 +1481,15 @@ fn sweeps(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
             ));
         }
     }
+    let quota = governor::Quota::with_period(Duration::from_micros(1)).ok_or("governor quota")?;
+    let g = Governor(governor::RateLimiter::keyed(quota));
+    let sweep = || {
+        let before = g.0.len();
+        g.0.retain_recent();
+        (before - g.0.len()) as u64
+    };
+    let (first, last) = churn(GOVERNOR, &g, keys, sweep, || g.0.len())?;
+    push_churn(res, keys, GOVERNOR, first, last);
     res.push(
         case("sweep", keys, "-", "deny", 1),
         GOVERNOR,
@@ -1476,6 +1503,43 @@ fn sweeps(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
         median(&mut remove),
     );
     Ok(())
+}
+
+/// Fills and empties of one table in [`churn`].
+const CHURN_ROUNDS: u64 = 5;
+
+/// Fills `c` (a limiter whose keys are fresh 1 µs after their check) with `keys` new keys and
+/// `sweep`s it empty, [`CHURN_ROUNDS`] times, each round with keys never seen before: an open
+/// addressing table's removals leave tombstones where empty slots were, and what a new key
+/// costs in the last round against the first shows whether they slow it down. Returns ns per
+/// new key in the first and the last round.
+fn churn<C: Contender>(
+    name: &str,
+    c: &C,
+    keys: u64,
+    sweep: impl Fn() -> u64,
+    len: impl Fn() -> usize,
+) -> Result<(f64, f64), String> {
+    let mut ns = Vec::new();
+    for round in 0..CHURN_ROUNDS {
+        ns.push(fill_from(c, round * keys, keys));
+        std::thread::sleep(Duration::from_millis(2));
+        let removed = sweep();
+        if removed != keys || len() != 0 {
+            return Err(format!(
+                "{name}: churn round {round}: a sweep of {keys} fresh keys removed {removed}, {} \
+                 left",
+                len()
+            ));
+        }
+    }
+    Ok((ns[0], ns[ns.len() - 1]))
+}
+
+fn push_churn(res: &mut Results, keys: u64, name: &str, first: f64, last: f64) {
+    let at = case("churn", keys, "-", "fresh", 1);
+    res.push(at, name, "first_ns_per_new_key", first);
+    res.push(at, name, "last_ns_per_new_key", last);
 }
 
 fn sweep_steps() -> usize {
@@ -1759,7 +1823,10 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
         "#### Sweep\n\n{} keys. Visit: a full sweep of live keys (none removed); remove: a full \
          sweep removing every key (all fresh). governor's `retain_recent` alongside. Check \
          latency (one thread, deny-heavy, uniform keys) idle and while another thread sweeps the \
-         same table in a loop (checks timed until it finished at least three passes).\n",
+         same table in a loop (checks timed until it finished at least three passes). Churn: \
+         one table filled with {} new keys and swept empty five times, each time new keys \
+         (removals leave tombstones); ns per new key in the first fill and the fifth.\n",
+        keys_label(k),
         keys_label(k)
     );
     let mut rows = Vec::new();
@@ -1773,6 +1840,7 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
             res.get(case("sweep_latency", k, state, "deny", 1), &c, m)
         };
         let (idle99, busy99) = (l("idle", "p99_ns"), l("sweeping", "p99_ns"));
+        let churn = |m| res.get(case("churn", k, "-", "fresh", 1), &c, m);
         rows.push(vec![
             c.clone(),
             f(
@@ -1797,6 +1865,11 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
             ),
             ratio(busy99, idle99),
             f(l("sweeping", "sweep_passes"), 0),
+            format!(
+                "{} / {}",
+                f(churn("first_ns_per_new_key"), 0),
+                f(churn("last_ns_per_new_key"), 0)
+            ),
         ]);
     }
     let header = [
@@ -1807,6 +1880,7 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
         "while sweeping",
         "p99 ratio",
         "sweeps during",
+        "new key ns, fill 1 / 5",
     ]
     .map(String::from);
     s += &table(&header, &rows);
@@ -1916,6 +1990,21 @@ fn targets(cfg: &Config, res: &Results) -> String {
                     yes_no(t <= 5.0),
                 ]);
             }
+        }
+        let at = case("churn", k, "-", "fresh", 1);
+        if let Some(t) = res.get(at, &store, "last_ns_per_new_key") {
+            rows.push(vec![
+                format!(
+                    "{store}: ns per new key, fifth fill of {} after four sweeps",
+                    keys_label(k)
+                ),
+                res.get(at, GOVERNOR, "last_ns_per_new_key")
+                    .map_or("–".into(), |v| format!("{v:.0}")),
+                format!("{t:.0}"),
+                format!("{t:.0}"),
+                "≤ 100".into(),
+                yes_no(t <= 100.0),
+            ]);
         }
         let p99 = |state| res.get(case("sweep_latency", k, state, "deny", 1), &store, "p99_ns");
         if let (Some(idle), Some(busy)) = (p99("idle"), p99("sweeping")) {
