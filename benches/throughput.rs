@@ -1361,14 +1361,7 @@ fn sweeps(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
         // after its check.
         let mut remove = Vec::new();
         for _ in 0..reps {
-            let l = Limiter::builder()
-                .quota(Quota::new(1, Duration::from_micros(1)).burst(1))
-                .store(kind)
-                .max_keys(keys as usize)
-                .sweep_grace(Duration::ZERO)
-                .build()
-                .map_err(|e| e.to_string())?;
-            let l = Turnstile(l);
+            let l = fresh_in_a_microsecond(kind, keys)?;
             fill(&l, keys);
             std::thread::sleep(Duration::from_millis(2));
             let start = Instant::now();
@@ -1389,14 +1382,7 @@ fn sweeps(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
         );
 
         // Churn: one table filled with new keys and swept empty, round after round.
-        let l = Limiter::builder()
-            .quota(Quota::new(1, Duration::from_micros(1)).burst(1))
-            .store(kind)
-            .max_keys(keys as usize)
-            .sweep_grace(Duration::ZERO)
-            .build()
-            .map_err(|e| e.to_string())?;
-        let l = Turnstile(l);
+        let l = fresh_in_a_microsecond(kind, keys)?;
         let (first, last) = churn(&name, &l, keys, || l.0.sweep_now() as u64, || l.0.len())?;
         push_churn(res, keys, &name, first, last);
 
@@ -1503,6 +1489,19 @@ fn sweeps(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
         median(&mut remove),
     );
     Ok(())
+}
+
+/// A limiter for `keys` keys, each fresh 1 µs after its check (1 per microsecond, burst 1, no
+/// grace), for the sweep's removal and churn measurements.
+fn fresh_in_a_microsecond(kind: StoreKind, keys: u64) -> Result<Turnstile, String> {
+    Limiter::builder()
+        .quota(Quota::new(1, Duration::from_micros(1)).burst(1))
+        .store(kind)
+        .max_keys(keys as usize)
+        .sweep_grace(Duration::ZERO)
+        .build()
+        .map(Turnstile)
+        .map_err(|e| e.to_string())
 }
 
 /// Fills and empties of one table in [`churn`].

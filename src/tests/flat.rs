@@ -623,7 +623,7 @@ fn evictions_leave_exact_pass_counts() {
 /// times in all, and the counts are exact once the threads are done.
 #[test]
 fn pass_counts_under_churn_lose_no_key() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::AcqRel, Ordering::Acquire};
+    use crate::sync::{AtomicU64, Ordering::AcqRel, Ordering::Acquire};
     const RESIDENT: u64 = 15_000;
     const BURST: u64 = 3;
     let l: Limiter<u64, FakeClock> = Limiter::builder()
@@ -643,7 +643,7 @@ fn pass_counts_under_churn_lose_no_key() {
         beyond > 100,
         "{beyond} resident keys beyond their home group"
     );
-    let (admitted, churning) = (AtomicU64::new(RESIDENT), AtomicBool::new(true));
+    let (admitted, churning) = (AtomicU64::new(RESIDENT), AtomicU64::new(1));
     // Passes over the resident keys that each checker finished while the churn went on.
     let during = std::thread::scope(|s| {
         let checkers: Vec<_> = (0..2u64)
@@ -651,21 +651,21 @@ fn pass_counts_under_churn_lose_no_key() {
                 let (l, admitted, churning) = (&l, &admitted, &churning);
                 s.spawn(move || {
                     let (mut passes, mut during) = (0, 0);
-                    while churning.load(Acquire) || passes < 2 {
+                    while churning.load(Acquire) == 1 || passes < 2 {
                         let n = (0..RESIDENT)
                             .map(|i| if t == 0 { i } else { RESIDENT - 1 - i })
                             .filter(|k| l.check(k).is_allowed())
                             .count() as u64;
                         admitted.fetch_add(n, AcqRel);
                         passes += 1;
-                        during += usize::from(churning.load(Acquire));
+                        during += churning.load(Acquire) as usize;
                     }
                     during
                 })
             })
             .collect();
         s.spawn(|| {
-            while churning.load(Acquire) {
+            while churning.load(Acquire) == 1 {
                 l.sweep_now();
             }
         });
@@ -678,7 +678,7 @@ fn pass_counts_under_churn_lose_no_key() {
                 assert!(l.reset(&k), "transient key {k} was lost");
             }
         }
-        churning.store(false, std::sync::atomic::Ordering::Release);
+        churning.store(0, crate::sync::Ordering::Release);
         checkers
             .into_iter()
             .map(|c| c.join().unwrap())
