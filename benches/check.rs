@@ -10,11 +10,11 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use turnstile::{Algorithm, Clock, Limiter, MonotonicClock, Quota, StoreKind};
+use tollgate::{Algorithm, Clock, Limiter, MonotonicClock, Quota, StoreKind};
 
 const KEYS: u64 = 1_000;
 
-fn turnstile_limiter(alg: Algorithm, allow: bool, store: StoreKind) -> Limiter<u64> {
+fn tollgate_limiter(alg: Algorithm, allow: bool, store: StoreKind) -> Limiter<u64> {
     let q = if allow {
         Quota::per_second(1_000_000_000).burst(1_000_000_000)
     } else {
@@ -47,9 +47,9 @@ fn bench_checks(c: &mut Criterion) {
     for allow in [true, false] {
         let mode = if allow { "allow" } else { "deny" };
         for alg in Algorithm::ALL {
-            let l = turnstile_limiter(alg, allow, StoreKind::default());
+            let l = tollgate_limiter(alg, allow, StoreKind::default());
             let mut k = 0u64;
-            g.bench_function(format!("turnstile/{}/{mode}", alg.name()), |b| {
+            g.bench_function(format!("tollgate/{}/{mode}", alg.name()), |b| {
                 b.iter(|| {
                     k = (k + 1) % KEYS;
                     black_box(l.check(black_box(&k)))
@@ -61,9 +61,9 @@ fn bench_checks(c: &mut Criterion) {
             .into_iter()
             .filter(|&k| k != StoreKind::default())
         {
-            let l = turnstile_limiter(Algorithm::TokenBucket, allow, kind);
+            let l = tollgate_limiter(Algorithm::TokenBucket, allow, kind);
             let mut k = 0u64;
-            g.bench_function(format!("turnstile-{}/gcra/{mode}", kind.name()), |b| {
+            g.bench_function(format!("tollgate-{}/gcra/{mode}", kind.name()), |b| {
                 b.iter(|| {
                     k = (k + 1) % KEYS;
                     black_box(l.check(black_box(&k)))

@@ -14,8 +14,8 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::Request;
+use tollgate::http::{HttpConfig, RateLimitLayer};
 use tower::{Service, ServiceExt};
-use turnstile::http::{HttpConfig, RateLimitLayer};
 
 const PER_RUN: u32 = 100_000;
 const RUNS: usize = 5;

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis_support::RedisServer;
-use turnstile::Quota;
-use turnstile::redis::{RedisLimiter, Source, SyncedLimiter};
+use tollgate::Quota;
+use tollgate::redis::{RedisLimiter, Source, SyncedLimiter};
 
 /// Requests in flight at once, for both redis-benchmark (connections) and our client (tasks).
 const CONCURRENCY: usize = 64;
@@ -72,7 +72,7 @@ fn main() {
     let tau = (1_000_000u64 * t_ns).to_string();
     let nt = t_ns.to_string();
 
-    println!("# turnstile Redis benchmark");
+    println!("# tollgate Redis benchmark");
     println!(
         "machine: {} cores, redis-server {}, concurrency {CONCURRENCY}, {KEYS} keys, {REQUESTS} requests",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -145,12 +145,12 @@ fn main() {
         "| redis-benchmark EVALSHA (our GCRA script) | {eval_rps:.0} | {eval_p50:.3} | {eval_p99:.3} |"
     );
     println!(
-        "| turnstile RedisLimiter::check (1 multiplexed connection) | {ours_rps:.0} | {:.3} | {:.3} |",
+        "| tollgate RedisLimiter::check (1 multiplexed connection) | {ours_rps:.0} | {:.3} | {:.3} |",
         pct(0.5),
         pct(0.99)
     );
     println!(
-        "ratio turnstile / raw EVALSHA: {:.2}x (target >= 0.9x)",
+        "ratio tollgate / raw EVALSHA: {:.2}x (target >= 0.9x)",
         ours_rps / eval_rps
     );
     println!("stats: {:?}", limiter.stats());

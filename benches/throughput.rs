@@ -1,4 +1,4 @@
-//! The multi-threaded throughput harness: every turnstile store, governor 0.10's keyed limiter, a
+//! The multi-threaded throughput harness: every tollgate store, governor 0.10's keyed limiter, a
 //! `Mutex<HashMap>` GCRA and two hardware-floor probes, on identical pre-generated key streams,
 //! in one run. Prints Markdown tables (checks/s, ratios to governor and to the floor, memory per
 //! key, new-key insert cost, latency percentiles, sweep cost) and writes them, with a CSV of
@@ -6,26 +6,26 @@
 //!
 //! ```text
 //! cargo bench --bench throughput                          # full run (see README for its time)
-//! TURNSTILE_BENCH=short cargo bench --bench throughput    # CI smoke run, well under a minute
+//! TOLLGATE_BENCH=short cargo bench --bench throughput    # CI smoke run, well under a minute
 //! ```
 //!
-//! Knobs (environment): `TURNSTILE_BENCH=short|full`, `TURNSTILE_BENCH_THREADS=1,2,4`,
-//! `TURNSTILE_BENCH_KEYS=1,1000,1000000`, `TURNSTILE_BENCH_RUN_MS=100`, `TURNSTILE_BENCH_RUNS=5`,
-//! `TURNSTILE_BENCH_RATE=wall|cpu` (tables in checks per wall-clock second, the default, or per
-//! second of CPU time the threads received), `TURNSTILE_BENCH_README=1` (splice the results into
+//! Knobs (environment): `TOLLGATE_BENCH=short|full`, `TOLLGATE_BENCH_THREADS=1,2,4`,
+//! `TOLLGATE_BENCH_KEYS=1,1000,1000000`, `TOLLGATE_BENCH_RUN_MS=100`, `TOLLGATE_BENCH_RUNS=5`,
+//! `TOLLGATE_BENCH_RATE=wall|cpu` (tables in checks per wall-clock second, the default, or per
+//! second of CPU time the threads received), `TOLLGATE_BENCH_README=1` (splice the results into
 //! README.md between the `throughput` markers).
 //!
 //! Runs of the contenders are interleaved so that noise from other processes lands on all of
-//! them alike; every row says what share of the cores its threads actually got, and turnstile's
+//! them alike; every row says what share of the cores its threads actually got, and tollgate's
 //! CAS retries show whether threads really contended.
 //!
 //! Contenders, each checking one unit per key with the same quota:
-//! - `turnstile/<store>`: `Limiter::check`, for every `StoreKind::ALL`, default `MonotonicClock`;
-//! - `turnstile/<store> batch`: `Limiter::check_many` on chunks of [`CHUNK`] keys (large key
+//! - `tollgate/<store>`: `Limiter::check`, for every `StoreKind::ALL`, default `MonotonicClock`;
+//! - `tollgate/<store> batch`: `Limiter::check_many` on chunks of [`CHUNK`] keys (large key
 //!   spaces only);
 //! - `governor`: `RateLimiter::keyed` (dashmap state store, its default quanta clock);
 //! - `mutex-map`: one `Mutex<HashMap<u64, u64>>` (ahash) of GCRA arrival times, on the same
-//!   clock as turnstile (as are the floor probes);
+//!   clock as tollgate (as are the floor probes);
 //! - `floor/cas`: the same GCRA as a compare-and-swap loop on a flat array of `AtomicU64`, one cell
 //!   per key, indexed by the key itself (no hashing, no probing): the cost of the clock read plus
 //!   the cell's cache miss and, when admitted, its write;
@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use turnstile::{Clock, CountingAllocator, Decision, Limiter, MonotonicClock, Quota, StoreKind};
+use tollgate::{Clock, CountingAllocator, Decision, Limiter, MonotonicClock, Quota, StoreKind};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
@@ -80,17 +80,17 @@ struct Config {
     sweep_keys: u64,
     write_readme: bool,
     /// The throughput metric the tables show: `checks_per_s` (wall clock, the default) or
-    /// `checks_per_cpu_s` (`TURNSTILE_BENCH_RATE=cpu`).
+    /// `checks_per_cpu_s` (`TOLLGATE_BENCH_RATE=cpu`).
     rate: &'static str,
 }
 
 impl Config {
     fn from_env() -> Result<Config, String> {
-        let mode = std::env::var("TURNSTILE_BENCH").unwrap_or_else(|_| "full".into());
+        let mode = std::env::var("TOLLGATE_BENCH").unwrap_or_else(|_| "full".into());
         let short = match mode.as_str() {
             "short" => true,
             "full" => false,
-            other => return Err(format!("TURNSTILE_BENCH={other:?}: expected short or full")),
+            other => return Err(format!("TOLLGATE_BENCH={other:?}: expected short or full")),
         };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut threads: Vec<usize> = std::iter::successors(Some(1usize), |t| t.checked_mul(2))
@@ -133,38 +133,36 @@ impl Config {
                 rate: "checks_per_s",
             }
         };
-        if let Some(v) = list_env("TURNSTILE_BENCH_THREADS")? {
+        if let Some(v) = list_env("TOLLGATE_BENCH_THREADS")? {
             cfg.threads = v.into_iter().map(|t| t as usize).collect();
         }
-        if let Some(v) = list_env("TURNSTILE_BENCH_KEYS")? {
+        if let Some(v) = list_env("TOLLGATE_BENCH_KEYS")? {
             cfg.key_spaces = v;
         }
-        if let Some(v) = list_env("TURNSTILE_BENCH_RUN_MS")? {
+        if let Some(v) = list_env("TOLLGATE_BENCH_RUN_MS")? {
             cfg.run = Duration::from_millis(v[0]);
         }
-        if let Some(v) = list_env("TURNSTILE_BENCH_RUNS")? {
+        if let Some(v) = list_env("TOLLGATE_BENCH_RUNS")? {
             cfg.runs = v[0] as usize;
         }
-        cfg.write_readme = std::env::var("TURNSTILE_BENCH_README").is_ok_and(|v| v == "1");
-        cfg.rate = match std::env::var("TURNSTILE_BENCH_RATE").as_deref() {
+        cfg.write_readme = std::env::var("TOLLGATE_BENCH_README").is_ok_and(|v| v == "1");
+        cfg.rate = match std::env::var("TOLLGATE_BENCH_RATE").as_deref() {
             Err(_) | Ok("wall") => "checks_per_s",
             Ok("cpu") => "checks_per_cpu_s",
             Ok(other) => {
                 return Err(format!(
-                    "TURNSTILE_BENCH_RATE={other:?}: expected wall or cpu"
+                    "TOLLGATE_BENCH_RATE={other:?}: expected wall or cpu"
                 ));
             }
         };
         if cfg.threads.is_empty() || cfg.threads.contains(&0) {
-            return Err("TURNSTILE_BENCH_THREADS: every count must be at least 1".into());
+            return Err("TOLLGATE_BENCH_THREADS: every count must be at least 1".into());
         }
         if cfg.key_spaces.is_empty() || cfg.key_spaces.contains(&0) {
-            return Err("TURNSTILE_BENCH_KEYS: every key space must hold at least 1 key".into());
+            return Err("TOLLGATE_BENCH_KEYS: every key space must hold at least 1 key".into());
         }
         if cfg.runs == 0 || cfg.run.is_zero() {
-            return Err(
-                "TURNSTILE_BENCH_RUNS and TURNSTILE_BENCH_RUN_MS must be at least 1".into(),
-            );
+            return Err("TOLLGATE_BENCH_RUNS and TOLLGATE_BENCH_RUN_MS must be at least 1".into());
         }
         Ok(cfg)
     }
@@ -332,7 +330,7 @@ impl Load {
             Load::Deny => "deny",
         }
     }
-    fn turnstile(self) -> Quota {
+    fn tollgate(self) -> Quota {
         match self {
             Load::Allow => Quota::per_second(1_000_000_000).burst(1_000_000_000),
             Load::Deny => Quota::new(1, Duration::from_secs(3600)).burst(1),
@@ -345,7 +343,7 @@ impl Load {
             Load::Deny => governor::Quota::per_hour(NonZeroU32::MIN),
         }
     }
-    /// The same quota for the baselines: emission interval and capacity in ns, as turnstile's
+    /// The same quota for the baselines: emission interval and capacity in ns, as tollgate's
     /// `T = ceil(period / limit)` and `burst * T`.
     fn gcra(self) -> Gcra {
         match self {
@@ -377,8 +375,8 @@ impl Gcra {
     }
 }
 
-/// The baselines' clock: turnstile's own `MonotonicClock` (the TSC read inline where it is
-/// invariant), so the floor probes and the mutex map pay for time what a turnstile check pays;
+/// The baselines' clock: tollgate's own `MonotonicClock` (the TSC read inline where it is
+/// invariant), so the floor probes and the mutex map pay for time what a tollgate check pays;
 /// +1 so that 0 keeps meaning "fresh" in their cells.
 #[derive(Clone)]
 struct BaseClock(MonotonicClock);
@@ -408,9 +406,9 @@ trait Contender: Sync {
     }
 }
 
-struct Turnstile(Limiter<u64>);
+struct Tollgate(Limiter<u64>);
 
-impl Contender for Turnstile {
+impl Contender for Tollgate {
     type Scratch = ();
     fn scratch(&self) {}
     #[inline]
@@ -423,9 +421,9 @@ impl Contender for Turnstile {
 }
 
 /// `check_many` on the same limiter.
-struct TurnstileBatch<'a>(&'a Limiter<u64>);
+struct TollgateBatch<'a>(&'a Limiter<u64>);
 
-impl Contender for TurnstileBatch<'_> {
+impl Contender for TollgateBatch<'_> {
     type Scratch = Vec<Decision>;
     fn scratch(&self) -> Vec<Decision> {
         vec![self.0.peek(&0); CHUNK]
@@ -495,7 +493,7 @@ impl Cells {
     }
 }
 
-/// A GCRA compare-and-swap loop; a denial is a plain load (no write), as in turnstile's cells.
+/// A GCRA compare-and-swap loop; a denial is a plain load (no write), as in tollgate's cells.
 struct FloorCas(Cells);
 
 impl Contender for FloorCas {
@@ -546,9 +544,9 @@ impl Contender for FloorLoad<'_> {
     }
 }
 
-fn turnstile_limiter(kind: StoreKind, load: Load, keys: u64) -> Result<Limiter<u64>, String> {
+fn tollgate_limiter(kind: StoreKind, load: Load, keys: u64) -> Result<Limiter<u64>, String> {
     Limiter::builder()
-        .quota(load.turnstile())
+        .quota(load.tollgate())
         .store(kind)
         .max_keys(keys as usize)
         .build()
@@ -605,7 +603,7 @@ struct Outcome {
     cpu_share: Option<f64>,
     checks: u64,
     admitted: u64,
-    /// CAS attempts lost to another thread during the run (turnstile only).
+    /// CAS attempts lost to another thread during the run (tollgate only).
     cas_retries: Option<u64>,
 }
 
@@ -1106,11 +1104,11 @@ const FLOOR_CAS: &str = "floor/cas";
 const FLOOR_LOAD: &str = "floor/load";
 
 fn store_name(kind: StoreKind) -> String {
-    format!("turnstile/{}", kind.name())
+    format!("tollgate/{}", kind.name())
 }
 
 fn batch_name(kind: StoreKind) -> String {
-    format!("turnstile/{} batch", kind.name())
+    format!("tollgate/{} batch", kind.name())
 }
 
 fn dists(keys: u64) -> &'static [Dist] {
@@ -1139,8 +1137,8 @@ fn key_space(
         // misses overlap); ns per key only (the table is the same).
         if load == Load::Allow && keys >= cfg.batch_min_keys {
             for kind in StoreKind::ALL {
-                let l = turnstile_limiter(kind, load, keys)?;
-                let ns = fill(&TurnstileBatch(&l), keys);
+                let l = tollgate_limiter(kind, load, keys)?;
+                let ns = fill(&TollgateBatch(&l), keys);
                 if l.len() as u64 != keys {
                     return Err(format!(
                         "{}: {} keys after a batch fill",
@@ -1183,7 +1181,7 @@ fn key_space(
         let mut stores = Vec::new();
         for kind in StoreKind::ALL {
             let t = filled(&store_name(kind), &mut || {
-                Ok(Box::new(Turnstile(turnstile_limiter(kind, load, keys)?)))
+                Ok(Box::new(Tollgate(tollgate_limiter(kind, load, keys)?)))
             })?;
             stores.push((kind, t));
         }
@@ -1195,7 +1193,7 @@ fn key_space(
 
         let mut batches = Vec::new();
         for (kind, t) in &stores {
-            let limiter = t.limiter().ok_or("a turnstile entrant without a limiter")?;
+            let limiter = t.limiter().ok_or("a tollgate entrant without a limiter")?;
             if limiter.len() as u64 != keys {
                 return Err(format!(
                     "{}: {} keys tracked after filling {keys}",
@@ -1203,7 +1201,7 @@ fn key_space(
                     limiter.len()
                 ));
             }
-            batches.push((*kind, TurnstileBatch(limiter)));
+            batches.push((*kind, TollgateBatch(limiter)));
         }
         let probe = floor.load_probe().ok_or("the floor entrant has no cells")?;
         let mut entrants = Vec::new();
@@ -1263,7 +1261,7 @@ macro_rules! fill_impl {
 }
 
 fill_impl!(
-    Turnstile,
+    Tollgate,
     fn limiter(&self) -> Option<&Limiter<u64>> {
         Some(&self.0)
     }
@@ -1312,7 +1310,7 @@ fn latencies(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result
         for kind in StoreKind::ALL {
             lat!(
                 store_name(kind),
-                Turnstile(turnstile_limiter(kind, load, keys)?)
+                Tollgate(tollgate_limiter(kind, load, keys)?)
             );
         }
         lat!(GOVERNOR, governor_limiter(load));
@@ -1337,8 +1335,8 @@ fn sweeps(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
         let name = store_name(kind);
         progress.step(&format!("sweep {} {name}", keys_label(keys)));
         // Visit: deny-heavy keys are spent for an hour, so none is fresh and none is removed.
-        let live = turnstile_limiter(kind, Load::Deny, keys)?;
-        let live = Turnstile(live);
+        let live = tollgate_limiter(kind, Load::Deny, keys)?;
+        let live = Tollgate(live);
         fill(&live, keys);
         let mut visit = Vec::new();
         for _ in 0..reps {
@@ -1493,14 +1491,14 @@ fn sweeps(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
 
 /// A limiter for `keys` keys, each fresh 1 µs after its check (1 per microsecond, burst 1, no
 /// grace), for the sweep's removal and churn measurements.
-fn fresh_in_a_microsecond(kind: StoreKind, keys: u64) -> Result<Turnstile, String> {
+fn fresh_in_a_microsecond(kind: StoreKind, keys: u64) -> Result<Tollgate, String> {
     Limiter::builder()
         .quota(Quota::new(1, Duration::from_micros(1)).burst(1))
         .store(kind)
         .max_keys(keys as usize)
         .sweep_grace(Duration::ZERO)
         .build()
-        .map(Turnstile)
+        .map(Tollgate)
         .map_err(|e| e.to_string())
 }
 
@@ -1601,7 +1599,7 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
     let mut s = String::new();
     let mode = if cfg.short { "short" } else { "full" };
     let cmd = if cfg.short {
-        "TURNSTILE_BENCH=short cargo bench --bench throughput"
+        "TOLLGATE_BENCH=short cargo bench --bench throughput"
     } else {
         "cargo bench --bench throughput"
     };
@@ -1612,7 +1610,7 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
          over all threads; every thread cycles through its own pre-generated key stream of {} \
          keys, the same streams for every contender. Allow-heavy: 10^9/s, burst 10^9 (every \
          check admitted and written); deny-heavy: 1/hour, burst 1, spent while filling (every \
-         check denied). Ratios are turnstile's checks/s over governor's and over the `floor/cas` \
+         check denied). Ratios are tollgate's checks/s over governor's and over the `floor/cas` \
          probe's, in the same run.\n",
         machine(),
         elapsed.as_secs_f64(),
@@ -1650,8 +1648,8 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
         .to_vec();
     header.extend(contenders.iter().cloned());
     for c in &ratio_of {
-        header.push(format!("{} ×gov", c.trim_start_matches("turnstile/")));
-        header.push(format!("{} ×floor", c.trim_start_matches("turnstile/")));
+        header.push(format!("{} ×gov", c.trim_start_matches("tollgate/")));
+        header.push(format!("{} ×floor", c.trim_start_matches("tollgate/")));
     }
     for kind in StoreKind::ALL {
         header.push(format!("{} CAS retries/M", kind.name()));
@@ -1696,10 +1694,10 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
         s,
         "#### Throughput, M checks/s{}\n\nCPU: the smallest share of the cores the run's threads \
          actually got, over the row's contenders (below ~90%, other processes were competing and \
-         the row is noisy). CAS retries/M: compare-and-swap attempts turnstile lost to another \
+         the row is noisy). CAS retries/M: compare-and-swap attempts tollgate lost to another \
          thread per million checks (from its `Stats`), the evidence that threads contended.\n",
         if cfg.rate == "checks_per_cpu_s" {
-            " per second of CPU time received (`TURNSTILE_BENCH_RATE=cpu`)"
+            " per second of CPU time received (`TOLLGATE_BENCH_RATE=cpu`)"
         } else {
             ""
         }
@@ -1747,7 +1745,7 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
     let _ = writeln!(
         s,
         "#### Memory and new-key insert\n\nAfter filling an empty table with n `u64` keys (one \
-         thread; turnstile with `max_keys` = n): heap bytes per key from the `CountingAllocator` \
+         thread; tollgate with `max_keys` = n): heap bytes per key from the `CountingAllocator` \
          (the global allocator here) plus the flat store's slot table (`Limiter::table_bytes`, \
          mapped outside the allocator), resident bytes per key from the growth of the process's \
          resident set (misses heap reused from earlier tables, so read the larger of the two), \
@@ -2038,12 +2036,7 @@ fn targets(cfg: &Config, res: &Results) -> String {
         }
     }
     let header = [
-        "target",
-        "governor",
-        "turnstile",
-        "measured",
-        "target",
-        "met",
+        "target", "governor", "tollgate", "measured", "target", "met",
     ]
     .map(String::from);
     format!("#### Against the targets\n\n{}\n", table(&header, &rows))

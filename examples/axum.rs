@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
-use turnstile::http::{HttpConfig, RateLimitLayer};
+use tollgate::http::{HttpConfig, RateLimitLayer};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

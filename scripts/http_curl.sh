@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `turnstile serve` watched with curl: the headers count down, the 429 arrives with Retry-After
+# `tollgate serve` watched with curl: the headers count down, the 429 arrives with Retry-After
 # and the seeds' JSON body, a forged X-Forwarded-For from an untrusted peer changes nothing, and
 # /metrics counts it all. Builds the binary (debug) and starts/stops its own server on a free
 # loopback port. Installs curl with apt-get if it is missing. About 5 s after the build.
@@ -15,7 +15,7 @@ fi
 # The binary as `cargo test --all-features` builds it for the integration tests (the CI step before
 # this one), so no dependency is compiled a second time with other features.
 cargo test --quiet --all-features --no-run 2>/dev/null
-bin=${CARGO_TARGET_DIR:-target}/debug/turnstile
+bin=${CARGO_TARGET_DIR:-target}/debug/tollgate
 [ -x "$bin" ] || { echo "FAIL: $bin was not built"; exit 1; }
 work=$(mktemp -d)
 server_pid=
@@ -74,8 +74,8 @@ policy=$(header ratelimit-policy "$work/r")
 echo "  pro: RateLimit-Policy: $policy"
 
 curl -s "$url/metrics" >"$work/m"
-grep -q '^turnstile_http_limited_total 1$' "$work/m" || { cat "$work/m"; fail "metrics: limited"; }
-grep -q '^turnstile_http_requests_total 9$' "$work/m" || { cat "$work/m"; fail "metrics: requests"; }
-grep -q '^# TYPE turnstile_decisions_total counter$' "$work/m" || fail "metrics: TYPE line"
-echo "  /metrics: $(grep -c '^turnstile_' "$work/m") samples"
+grep -q '^tollgate_http_limited_total 1$' "$work/m" || { cat "$work/m"; fail "metrics: limited"; }
+grep -q '^tollgate_http_requests_total 9$' "$work/m" || { cat "$work/m"; fail "metrics: requests"; }
+grep -q '^# TYPE tollgate_decisions_total counter$' "$work/m" || fail "metrics: TYPE line"
+echo "  /metrics: $(grep -c '^tollgate_' "$work/m") samples"
 echo "http curl checks passed"

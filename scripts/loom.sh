@@ -4,14 +4,14 @@
 # Expected time on a 2-core machine: about a minute to build, under a minute to run.
 #
 # Extra arguments go to `cargo test` (e.g. `bash scripts/loom.sh --test cells`).
-# TURNSTILE_LOOM_TARGET_DIR picks another target folder (scripts/must-fail.sh uses one per
+# TOLLGATE_LOOM_TARGET_DIR picks another target folder (scripts/must-fail.sh uses one per
 # broken variant, so the normal build stays cached).
 set -euo pipefail
 cd "$(dirname "$0")/../loom-tests"
-export RUSTFLAGS="${RUSTFLAGS:-} --cfg turnstile_loom"
+export RUSTFLAGS="${RUSTFLAGS:-} --cfg tollgate_loom"
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
-if [[ -n "${TURNSTILE_LOOM_TARGET_DIR:-}" ]]; then
-    export CARGO_TARGET_DIR="$TURNSTILE_LOOM_TARGET_DIR"
+if [[ -n "${TOLLGATE_LOOM_TARGET_DIR:-}" ]]; then
+    export CARGO_TARGET_DIR="$TOLLGATE_LOOM_TARGET_DIR"
 fi
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Proves the suite can fail: builds the deliberately broken cell (`cell::swap_loop` under
-# `--cfg turnstile_broken=...`) and runs the checks that must catch it. Succeeds only if every
+# `--cfg tollgate_broken=...`) and runs the checks that must catch it. Succeeds only if every
 # one of them FAILS, for the right reason:
 #
 #   load_store  a load then a plain store instead of a compare-and-swap (lost updates):
@@ -48,14 +48,14 @@ expect_failure() { # name, grep pattern that the failure output must contain, co
 
 for variant in load_store relaxed torn_load blind_removal; do
     echo "== broken cell: $variant"
-    flags="--cfg turnstile_broken=\"$variant\""
+    flags="--cfg tollgate_broken=\"$variant\""
     case "$variant" in
         load_store) loom_reason='a charge was lost|state went back|left: [0-9]+' ;;
         relaxed) loom_reason='Causality violation|data race' ;;
     esac
     if [[ "$variant" != torn_load && "$variant" != blind_removal ]]; then
         expect_failure "loom suite ($variant)" "$loom_reason" \
-            env RUSTFLAGS="$flags" TURNSTILE_LOOM_TARGET_DIR="$root/target/broken-loom-$variant" \
+            env RUSTFLAGS="$flags" TOLLGATE_LOOM_TARGET_DIR="$root/target/broken-loom-$variant" \
             bash scripts/loom.sh --test cells
     fi
     if [[ "$variant" != relaxed ]]; then
@@ -63,7 +63,7 @@ for variant in load_store relaxed torn_load blind_removal; do
         # `cargo test --all-features` are reused (RUSTFLAGS would rebuild every one of them).
         echo "building the unit tests with the broken cell"
         exe="$(cargo rustc --lib --profile test --all-features --message-format=json \
-            -- --cfg "turnstile_broken=\"$variant\"" \
+            -- --cfg "tollgate_broken=\"$variant\"" \
             | grep -oE '"executable":"[^"]+"' | tail -1 | cut -d'"' -f4)"
         if [[ -z "$exe" ]]; then
             echo "MUST-FAIL BROKEN: could not build the unit tests with the broken cell"

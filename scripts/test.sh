@@ -17,5 +17,5 @@ echo "== fuzz";   bash scripts/fuzz.sh
 echo "== demo";   cargo run --release --features cli --quiet -- demo >/dev/null
 echo "== http";   bash scripts/http_curl.sh
 echo "== bench";  cargo bench --quiet --bench check -- --test   # every criterion bench once
-TURNSTILE_BENCH=short cargo bench --quiet --bench throughput    # the harness, short mode
+TOLLGATE_BENCH=short cargo bench --quiet --bench throughput    # the harness, short mode
 echo "all tests passed"

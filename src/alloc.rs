@@ -1,4 +1,4 @@
-//! A counting global allocator, for measuring bytes per key (the `turnstile` program, tests).
+//! A counting global allocator, for measuring bytes per key (the `tollgate` program, tests).
 //!
 //! Not used by the engine: install it yourself with `#[global_allocator]`.
 
@@ -14,7 +14,7 @@ static ALLOCATIONS: StaticAtomicUsize = StaticAtomicUsize::new(0);
 /// The system allocator, counting live bytes and allocation calls.
 ///
 /// ```
-/// use turnstile::CountingAllocator;
+/// use tollgate::CountingAllocator;
 /// #[global_allocator]
 /// static ALLOC: CountingAllocator = CountingAllocator;
 /// let before = CountingAllocator::live_bytes();

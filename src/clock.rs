@@ -126,7 +126,7 @@ impl MonotonicClock {
     /// A clock whose epoch is now.
     ///
     /// ```
-    /// use turnstile::{Clock, MonotonicClock};
+    /// use tollgate::{Clock, MonotonicClock};
     /// let clock = MonotonicClock::new();
     /// let a = clock.now();
     /// assert!(clock.now() >= a);
@@ -180,7 +180,7 @@ impl Clock for MonotonicClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use turnstile::{Clock, FakeClock};
+/// use tollgate::{Clock, FakeClock};
 /// let clock = FakeClock::new();
 /// let other = clock.clone();
 /// clock.advance(Duration::from_millis(5));
@@ -262,7 +262,7 @@ pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-#[cfg(all(test, not(turnstile_loom)))]
+#[cfg(all(test, not(tollgate_loom)))]
 mod tests {
     use super::*;
     use std::time::Instant;

@@ -21,7 +21,7 @@ pub enum Reason {
 /// Whether a request may pass, and everything a response header needs, from one lookup.
 ///
 /// ```
-/// use turnstile::{FakeClock, Limiter, Quota};
+/// use tollgate::{FakeClock, Limiter, Quota};
 /// let limiter = Limiter::<u64, _>::builder()
 ///     .quota(Quota::per_second(2))
 ///     .clock(FakeClock::new())

@@ -20,7 +20,7 @@ use crate::quota::{Algorithm, Quota};
 ///
 /// ```
 /// use std::net::IpAddr;
-/// use turnstile::{FakeClock, LoginGuard};
+/// use tollgate::{FakeClock, LoginGuard};
 /// let guard = LoginGuard::seeds_default(FakeClock::new()).unwrap();
 /// let ip: IpAddr = "198.51.100.4".parse().unwrap();
 /// for _ in 0..5 {

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv6Addr};
 ///
 /// ```
 /// use std::net::IpAddr;
-/// use turnstile::client_ip_key;
+/// use tollgate::client_ip_key;
 /// let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
 /// assert_eq!(client_ip_key(mapped, 64), "192.0.2.7".parse::<IpAddr>().unwrap());
 /// let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();

@@ -24,7 +24,7 @@ pub(crate) mod sync;
 #[cfg(test)]
 mod tests;
 
-#[cfg(turnstile_loom)]
+#[cfg(tollgate_loom)]
 #[doc(hidden)]
 pub mod loom_api;
 

@@ -41,7 +41,7 @@ pub enum Strategy {
 /// A named tier: its quotas (all must pass), what happens over them, and its priority headroom.
 ///
 /// ```
-/// use turnstile::{Plan, Quota, Strategy};
+/// use tollgate::{Plan, Quota, Strategy};
 /// let pro = Plan::new([Quota::per_second(10), Quota::per_day(1000)]).strategy(Strategy::Soft);
 /// assert_eq!(pro.quotas().len(), 2);
 /// ```
@@ -412,7 +412,7 @@ impl<K, C: Clock> Builder<K, C> {
 /// rules lazily, on their next check.
 ///
 /// ```
-/// use turnstile::{FakeClock, Limiter, Quota};
+/// use tollgate::{FakeClock, Limiter, Quota};
 /// let clock = FakeClock::new();
 /// let limiter = Limiter::<&str>::builder()
 ///     .quota(Quota::per_second(1).burst(2))
@@ -690,7 +690,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// requests at once (a batch from a socket, a queue), whose table lookups can overlap.
     ///
     /// ```
-    /// use turnstile::{Decision, FakeClock, Limiter, Quota};
+    /// use tollgate::{Decision, FakeClock, Limiter, Quota};
     /// let limiter = Limiter::<u64, _>::builder()
     ///     .quota(Quota::per_second(1))
     ///     .clock(FakeClock::new())
@@ -700,7 +700,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// assert_eq!(limiter.check_many(&keys, &mut out), 3);
     /// let allowed: Vec<bool> = out.iter().map(Decision::is_allowed).collect();
     /// assert_eq!(allowed, [true, true, false]);
-    /// # Ok::<(), turnstile::Error>(())
+    /// # Ok::<(), tollgate::Error>(())
     /// ```
     ///
     /// With the flat store, a batch hashes a chunk of keys and asks the CPU to fetch each one's
@@ -1268,7 +1268,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
 /// may be denied when it would otherwise pass (never admitted when it should not be).
 ///
 /// ```
-/// use turnstile::{check_all, FakeClock, Limiter, Quota};
+/// use tollgate::{check_all, FakeClock, Limiter, Quota};
 /// let clock = FakeClock::new();
 /// let per_user = Limiter::<u64>::builder().quota(Quota::per_second(2)).clock(clock.clone()).build().unwrap();
 /// let global = Limiter::<()>::builder().quota(Quota::per_second(3)).clock(clock.clone()).build().unwrap();

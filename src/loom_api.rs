@@ -1,4 +1,4 @@
-//! Internals exposed to the `loom-tests` crate only (under `--cfg turnstile_loom`): one cell and
+//! Internals exposed to the `loom-tests` crate only (under `--cfg tollgate_loom`): one cell and
 //! its rule, driven through the same code paths as the limiter's entries (`cell::update` and
 //! its `cell::swap_loop`, `Cell::apply`, `Cell::refund`, `Entry::is_fresh`). The flat store's
 //! inline path (`cell::apply_inline` on the same loop) is modelled through the public API in

@@ -26,7 +26,7 @@ use crate::quota::{Algorithm, Quota};
 /// Parsed plans, in file order; hand them to [`Builder::plans`](crate::Builder::plans).
 ///
 /// ```
-/// use turnstile::PlanConfig;
+/// use tollgate::PlanConfig;
 /// let config = PlanConfig::parse("[plans.free]\nlimit = 100\nwindow = \"1d\"\nburst = 10\n").unwrap();
 /// assert_eq!(config.names(), ["free"]);
 /// let err = PlanConfig::parse("[plans.free]\nlimit = 0\nwindow = 60\n").unwrap_err();

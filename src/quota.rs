@@ -83,7 +83,7 @@ pub(crate) enum Kind {
 /// rate above one per nanosecond, a burst that overflows) is an [`Error`] naming the value.
 ///
 /// ```
-/// use turnstile::{Algorithm, Quota};
+/// use tollgate::{Algorithm, Quota};
 /// let q = Quota::per_second(10).burst(20);
 /// assert_eq!(q.limit(), 10);
 /// let w = Quota::per_minute(100).algorithm(Algorithm::FixedWindow);
@@ -112,7 +112,7 @@ impl Quota {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use turnstile::{Error, Limiter, Quota};
+    /// use tollgate::{Error, Limiter, Quota};
     /// let centuries = Quota::new(1, Quota::MAX_PERIOD + Duration::from_nanos(1));
     /// let built = Limiter::<u64>::builder().quota(centuries).build();
     /// assert!(matches!(built, Err(Error::PeriodTooLong { .. })));

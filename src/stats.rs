@@ -233,7 +233,7 @@ impl Counters {
     /// always take the shared stripe.
     #[inline(always)]
     fn own_stripe(&self) -> Option<&Stripe> {
-        if cfg!(turnstile_loom) {
+        if cfg!(tollgate_loom) {
             return None;
         }
         self.stripes.get(stripe_index()).map(|s| &**s)
@@ -290,7 +290,7 @@ impl Counters {
     }
 }
 
-#[cfg(all(test, not(turnstile_loom)))]
+#[cfg(all(test, not(tollgate_loom)))]
 mod tests {
     use super::*;
 

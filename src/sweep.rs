@@ -51,7 +51,7 @@ pub(crate) trait Sweep: Send + Sync + 'static {
 ///
 /// ```
 /// use std::{sync::Arc, time::Duration};
-/// use turnstile::{Limiter, Quota};
+/// use tollgate::{Limiter, Quota};
 /// let limiter = Arc::new(Limiter::<u64>::builder().quota(Quota::per_second(5)).build().unwrap());
 /// let sweeper = limiter.start_sweeper(Duration::from_millis(10));
 /// drop(sweeper); // stops and joins
@@ -66,7 +66,7 @@ impl Sweeper {
     pub(crate) fn start<L: Sweep>(target: Weak<L>, interval: Duration) -> Sweeper {
         let (stop, wake) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
-            .name("turnstile-sweeper".into())
+            .name("tollgate-sweeper".into())
             .spawn(move || {
                 loop {
                     match wake.recv_timeout(interval) {

@@ -1,12 +1,12 @@
 //! The one facade for every atomic and lock in the engine.
 //!
-//! Nothing else in `src/` names `std::sync::atomic`: under `--cfg turnstile_loom` these names
+//! Nothing else in `src/` names `std::sync::atomic`: under `--cfg tollgate_loom` these names
 //! switch to loom's model-checked versions, so a loom model sees every atomic operation the engine
 //! performs. Keep it that way: a raw `std` atomic elsewhere is invisible to the model checker.
 
-#[cfg(not(turnstile_loom))]
+#[cfg(not(tollgate_loom))]
 pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-#[cfg(not(turnstile_loom))]
+#[cfg(not(tollgate_loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// A process-wide lock that no model needs to see: only the hand-out of stats stripe indices to
@@ -17,9 +17,9 @@ pub(crate) use std::sync::Mutex as StaticMutex;
 /// counting allocator uses it.
 pub(crate) use std::sync::atomic::AtomicUsize as StaticAtomicUsize;
 
-#[cfg(turnstile_loom)]
+#[cfg(tollgate_loom)]
 pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-#[cfg(turnstile_loom)]
+#[cfg(tollgate_loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Locks `m`, recovering the data if a panicking thread poisoned it.
@@ -27,11 +27,11 @@ pub(crate) use loom::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWr
 /// Every structure behind a mutex in this crate is valid after any partial update (a log of
 /// timestamps, a sweeper flag), so poisoning carries no information worth propagating.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    #[cfg(not(turnstile_loom))]
+    #[cfg(not(tollgate_loom))]
     {
         m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    #[cfg(turnstile_loom)]
+    #[cfg(tollgate_loom)]
     {
         m.lock().unwrap()
     }
@@ -39,11 +39,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Takes `l`'s read lock, recovering from poisoning (see [`lock`]).
 pub(crate) fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    #[cfg(not(turnstile_loom))]
+    #[cfg(not(tollgate_loom))]
     {
         l.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    #[cfg(turnstile_loom)]
+    #[cfg(tollgate_loom)]
     {
         l.read().unwrap()
     }
@@ -51,11 +51,11 @@ pub(crate) fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 
 /// Takes `l`'s write lock, recovering from poisoning (see [`lock`]).
 pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    #[cfg(not(turnstile_loom))]
+    #[cfg(not(tollgate_loom))]
     {
         l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    #[cfg(turnstile_loom)]
+    #[cfg(tollgate_loom)]
     {
         l.write().unwrap()
     }
@@ -70,21 +70,21 @@ pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 /// explores like any other synchronisation.
 #[repr(transparent)]
 pub(crate) struct AtomicPair {
-    #[cfg(not(turnstile_loom))]
+    #[cfg(not(tollgate_loom))]
     v: portable_atomic::AtomicU128,
-    #[cfg(turnstile_loom)]
+    #[cfg(tollgate_loom)]
     v: loom::sync::Mutex<u128>,
 }
 
 impl AtomicPair {
     /// A pair holding `(tag, word)`.
-    #[cfg_attr(not(turnstile_loom), allow(dead_code))]
+    #[cfg_attr(not(tollgate_loom), allow(dead_code))]
     pub(crate) fn new(tag: u64, word: u64) -> Self {
         let v = pack(tag, word);
         AtomicPair {
-            #[cfg(not(turnstile_loom))]
+            #[cfg(not(tollgate_loom))]
             v: portable_atomic::AtomicU128::new(v),
-            #[cfg(turnstile_loom)]
+            #[cfg(tollgate_loom)]
             v: loom::sync::Mutex::new(v),
         }
     }
@@ -92,9 +92,9 @@ impl AtomicPair {
     /// Both halves at one instant, as `(tag, word)`.
     #[inline]
     pub(crate) fn load(&self, order: Ordering) -> (u64, u64) {
-        #[cfg(not(turnstile_loom))]
+        #[cfg(not(tollgate_loom))]
         let v = self.v.load(order);
-        #[cfg(turnstile_loom)]
+        #[cfg(tollgate_loom)]
         let v = {
             let _ = order;
             *self.v.lock().unwrap()
@@ -106,9 +106,9 @@ impl AtomicPair {
     #[inline]
     pub(crate) fn store(&self, tag: u64, word: u64, order: Ordering) {
         let v = pack(tag, word);
-        #[cfg(not(turnstile_loom))]
+        #[cfg(not(tollgate_loom))]
         self.v.store(v, order);
-        #[cfg(turnstile_loom)]
+        #[cfg(tollgate_loom)]
         {
             let _ = order;
             *self.v.lock().unwrap() = v;
@@ -125,14 +125,14 @@ impl AtomicPair {
         failure: Ordering,
     ) -> Result<(), (u64, u64)> {
         let (current, new) = (pack(current.0, current.1), pack(new.0, new.1));
-        #[cfg(not(turnstile_loom))]
+        #[cfg(not(tollgate_loom))]
         {
             self.v
                 .compare_exchange(current, new, success, failure)
                 .map(drop)
                 .map_err(unpack)
         }
-        #[cfg(turnstile_loom)]
+        #[cfg(tollgate_loom)]
         {
             let _ = (success, failure);
             let mut v = self.v.lock().unwrap();
@@ -180,12 +180,12 @@ impl Vmovdqa {
     /// and `cmpxchg16b` detected, outside loom. Intel and AMD guarantee the atomicity; LLVM,
     /// Boost and portable-atomic rely on it.
     pub(crate) fn detect() -> Option<Self> {
-        #[cfg(all(target_arch = "x86_64", not(turnstile_loom)))]
+        #[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
         {
             (std::is_x86_feature_detected!("avx") && std::is_x86_feature_detected!("cmpxchg16b"))
                 .then_some(Vmovdqa(()))
         }
-        #[cfg(not(all(target_arch = "x86_64", not(turnstile_loom))))]
+        #[cfg(not(all(target_arch = "x86_64", not(tollgate_loom))))]
         {
             None
         }
@@ -195,9 +195,9 @@ impl Vmovdqa {
 impl PairLoad for Vmovdqa {
     #[inline(always)]
     fn load(self, pair: &AtomicPair) -> (u64, u64) {
-        #[cfg(all(target_arch = "x86_64", not(turnstile_loom)))]
+        #[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
         {
-            #[cfg(not(turnstile_broken = "torn_load"))]
+            #[cfg(not(tollgate_broken = "torn_load"))]
             let (tag, word): (u64, u64);
             // SAFETY: `self` exists only where `detect` found AVX and `cmpxchg16b`, so the
             // instructions exist and every write to the pair is a `cmpxchg16b` or, for
@@ -206,7 +206,7 @@ impl PairLoad for Vmovdqa {
             // load is. A load on x86 has acquire ordering, and the block is a compiler barrier
             // (it neither claims `nomem` nor `readonly`). The pointer is valid for the borrow of
             // `pair`.
-            #[cfg(not(turnstile_broken = "torn_load"))]
+            #[cfg(not(tollgate_broken = "torn_load"))]
             unsafe {
                 std::arch::asm!(
                     "vmovdqa {v}, xmmword ptr [{p}]",
@@ -221,7 +221,7 @@ impl PairLoad for Vmovdqa {
             }
             // Deliberately broken (scripts/must-fail.sh): the halves taken from two loads, the
             // word first, which the tearing test must catch.
-            #[cfg(turnstile_broken = "torn_load")]
+            #[cfg(tollgate_broken = "torn_load")]
             let (tag, word) = {
                 let word = pair.load(Ordering::Acquire).1;
                 std::hint::spin_loop();
@@ -229,7 +229,7 @@ impl PairLoad for Vmovdqa {
             };
             (tag, word)
         }
-        #[cfg(not(all(target_arch = "x86_64", not(turnstile_loom))))]
+        #[cfg(not(all(target_arch = "x86_64", not(tollgate_loom))))]
         {
             pair.load(Ordering::Acquire)
         }
@@ -271,12 +271,12 @@ impl<'a> PairSwap<'a> {
     }
 
     /// The swap to `new` alone, as `cmpxchg16b`: true if it took effect.
-    #[cfg_attr(turnstile_broken = "blind_removal", allow(unreachable_code))]
+    #[cfg_attr(tollgate_broken = "blind_removal", allow(unreachable_code))]
     pub(crate) fn swap_alone(&self, new: (u64, u64)) -> bool {
         // Deliberately broken (scripts/must-fail.sh): a blind store, some time after the visit
         // read the slot (as for a sweeper preempted there), which overwrites a charge that landed
         // in between; the sweep race tests must catch the extra permits.
-        #[cfg(turnstile_broken = "blind_removal")]
+        #[cfg(tollgate_broken = "blind_removal")]
         {
             for _ in 0..2_000 {
                 std::hint::spin_loop();
@@ -314,11 +314,11 @@ pub(crate) struct Rtm(());
 impl Rtm {
     /// `Some` on x86_64 with RTM detected, outside loom (whose pairs are mutexes).
     pub(crate) fn detect() -> Option<Self> {
-        #[cfg(all(target_arch = "x86_64", not(turnstile_loom)))]
+        #[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
         {
             std::is_x86_feature_detected!("rtm").then_some(Rtm(()))
         }
-        #[cfg(not(all(target_arch = "x86_64", not(turnstile_loom))))]
+        #[cfg(not(all(target_arch = "x86_64", not(tollgate_loom))))]
         {
             None
         }
@@ -328,7 +328,7 @@ impl Rtm {
     /// `current` and now holds `new`; otherwise nothing was written, and `Err` says whether a
     /// pair held something else (`Mismatch`) or the transaction aborted for another reason.
     #[cfg_attr(
-        turnstile_broken = "blind_removal",
+        tollgate_broken = "blind_removal",
         allow(unreachable_code, unused_variables)
     )]
     pub(crate) fn swap_all(self, batch: &[PairSwap<'_>], new: (u64, u64)) -> Result<(), Abort> {
@@ -336,9 +336,9 @@ impl Rtm {
             return Ok(());
         }
         // The broken build's removals all go through its blind `PairSwap::swap_alone`.
-        #[cfg(turnstile_broken = "blind_removal")]
+        #[cfg(tollgate_broken = "blind_removal")]
         return Err(Abort::Other);
-        #[cfg(all(target_arch = "x86_64", not(turnstile_loom)))]
+        #[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
         {
             let status: u32;
             // SAFETY: `self` exists only where `detect` found RTM, so the instructions exist.
@@ -391,7 +391,7 @@ impl Rtm {
                 _ => Err(Abort::Other),
             }
         }
-        #[cfg(not(all(target_arch = "x86_64", not(turnstile_loom))))]
+        #[cfg(not(all(target_arch = "x86_64", not(tollgate_loom))))]
         {
             Err(Abort::Other)
         }
@@ -418,7 +418,7 @@ fn unpack(v: u128) -> (u64, u64) {
     (v as u64, (v >> 64) as u64)
 }
 
-#[cfg(all(test, not(turnstile_loom)))]
+#[cfg(all(test, not(tollgate_loom)))]
 mod tests {
     use super::*;
 

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use turnstile::{
+use tollgate::{
     Algorithm, Builder, Clock, Decision, Error, FAKE_UNIX_EPOCH_S, FakeClock, Limiter, PlanId,
     Quota, Reason, Strategy,
 };
@@ -496,7 +496,7 @@ fn sliding_window_log_has_no_boundary_burst() {
 // ---------------------------------------------------------------------------------------------
 
 /// nginx `limit_req zone=mylimit rate=10r/s burst=20` (no `nodelay`): requests beyond the rate
-/// are delayed, up to 20 of them queued. In turnstile: `Quota::per_second(10).burst(1)` with
+/// are delayed, up to 20 of them queued. In tollgate: `Quota::per_second(10).burst(1)` with
 /// `reserve(.., max_delay = 20 * 100 ms)`: 21 requests at once get delays 0, 100 ms, ..., 2 s,
 /// and the 22nd is denied.
 #[test]
@@ -535,7 +535,7 @@ fn nginx_burst_without_nodelay_is_reserve() {
 }
 
 /// nginx `burst=20 nodelay`: 1 + 20 requests pass at once, the 22nd is rejected, and the slots
-/// come back at the rate. In turnstile: `Quota::per_second(10).burst(21)` with `check()`.
+/// come back at the rate. In tollgate: `Quota::per_second(10).burst(21)` with `check()`.
 #[test]
 fn nginx_burst_with_nodelay_is_check() {
     let clock = FakeClock::new();

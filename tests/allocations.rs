@@ -3,7 +3,7 @@
 
 use std::hint::black_box;
 
-use turnstile::{Algorithm, CountingAllocator, FakeClock, Limiter, Quota};
+use tollgate::{Algorithm, CountingAllocator, FakeClock, Limiter, Quota};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;

@@ -1,7 +1,7 @@
 //! Hostile load: a key flood against the key cap, a hash flood against the shards, and real
 //! threads on the real clock.
 //!
-//! Sizes: the key flood sends `TURNSTILE_FLOOD_KEYS` unique keys (default 10,000,000 in release
+//! Sizes: the key flood sends `TOLLGATE_FLOOD_KEYS` unique keys (default 10,000,000 in release
 //! builds, 100,000 in debug builds) into a limiter capped at a tenth of that (1,000,000).
 //! `scripts/test.sh` runs this file in release mode, full size:
 //! `cargo test --release --test flood -- --nocapture --test-threads=1` (about 10 s on 2 cores).
@@ -10,7 +10,7 @@
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use turnstile::{
+use tollgate::{
     Clock, CountingAllocator, FakeClock, Limiter, MonotonicClock, OnFull, Quota, Reason,
 };
 
@@ -40,7 +40,7 @@ fn flood_keys() -> u64 {
     } else {
         10_000_000
     };
-    std::env::var("TURNSTILE_FLOOD_KEYS")
+    std::env::var("TOLLGATE_FLOOD_KEYS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use turnstile::{Algorithm, Error, FakeClock, Limiter, Quota, Reason};
+use tollgate::{Algorithm, Error, FakeClock, Limiter, Quota, Reason};
 
 /// `decide` found: a sliding window counter whose period is near 2^64 ns overflowed
 /// `reset_after` (a panic in debug builds, a wrapped value in release) and, with a Unix phase

@@ -11,8 +11,8 @@ use axum::Router;
 use axum::routing::{get, post};
 use http::StatusCode;
 use http_support::{client_from, get as get_req, send, serve};
-use turnstile::http::{ClientKey, HttpConfig, HttpKey, KeySource, OnBadKey, RateLimitLayer};
-use turnstile::{FAKE_UNIX_EPOCH_S, FakeClock, Limiter, PlanConfig};
+use tollgate::http::{ClientKey, HttpConfig, HttpKey, KeySource, OnBadKey, RateLimitLayer};
+use tollgate::{FAKE_UNIX_EPOCH_S, FakeClock, Limiter, PlanConfig};
 
 const FREE: &str = r#"
 [plans.free]
@@ -115,7 +115,7 @@ async fn headers_match_the_engine_and_the_429_is_the_seeds() {
 }
 
 fn clock_now(clock: &FakeClock) -> u64 {
-    use turnstile::Clock;
+    use tollgate::Clock;
     clock.now()
 }
 
@@ -373,7 +373,7 @@ async fn hostile_and_missing_keys_get_the_configured_behaviour() {
     assert!(!peer.limiter().peek(&proxy_key).is_allowed());
     assert_eq!(peer.limiter().len(), 2);
     assert!(
-        peer.metrics().contains("turnstile_http_bad_key_total 5\n"),
+        peer.metrics().contains("tollgate_http_bad_key_total 5\n"),
         "{}",
         peer.metrics()
     );
@@ -483,7 +483,7 @@ async fn soft_queue_route_and_priority_strategies() {
     assert_eq!(r.body, "hello");
     assert_eq!(
         r.header("warning"),
-        Some("199 turnstile \"rate limit exceeded; passed by the soft limit\"")
+        Some("199 tollgate \"rate limit exceeded; passed by the soft limit\"")
     );
     assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
 
@@ -581,11 +581,11 @@ async fn queue_strategy_holds_then_forwards_or_429s() {
     assert!(elapsed >= Duration::from_millis(450), "{elapsed:?}");
     let metrics = layer.metrics();
     assert!(
-        metrics.contains("turnstile_http_queued_total 2\n"),
+        metrics.contains("tollgate_http_queued_total 2\n"),
         "{metrics}"
     );
     assert!(
-        metrics.contains("turnstile_http_limited_total 1\n"),
+        metrics.contains("tollgate_http_limited_total 1\n"),
         "{metrics}"
     );
 }
@@ -665,13 +665,13 @@ key = ["user", "ip"]
         get_req(&client, addr, "/", &[]).await.status,
         StatusCode::OK
     );
-    assert!(layer.metrics().contains("turnstile_http_bad_key_total 1\n"));
+    assert!(layer.metrics().contains("tollgate_http_bad_key_total 1\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn until_ready_waits_for_the_reservation() {
     let limiter = Limiter::<&str>::builder()
-        .quota(turnstile::Quota::per_second(10).burst(1))
+        .quota(tollgate::Quota::per_second(10).burst(1))
         .build()
         .unwrap();
     assert!(
@@ -692,8 +692,8 @@ async fn until_ready_waits_for_the_reservation() {
     // Window algorithms retry after the denial's retry_after while the deadline allows.
     let windows = Limiter::<&str>::builder()
         .quota(
-            turnstile::Quota::new(1, Duration::from_millis(200))
-                .algorithm(turnstile::Algorithm::FixedWindow),
+            tollgate::Quota::new(1, Duration::from_millis(200))
+                .algorithm(tollgate::Algorithm::FixedWindow),
         )
         .build()
         .unwrap();

@@ -15,8 +15,8 @@ use axum::Router;
 use axum::routing::get;
 use http::StatusCode;
 use http_support::{client_from, get as get_req, serve};
-use turnstile::FakeClock;
-use turnstile::http::{HttpConfig, RateLimitLayer};
+use tollgate::FakeClock;
+use tollgate::http::{HttpConfig, RateLimitLayer};
 
 /// Requests per server in the latency phase.
 const REQUESTS: usize = 2_000;

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis_support::RedisCluster;
-use turnstile::redis::{RedisLimiter, Source, SyncedLimiter};
-use turnstile::{Algorithm, Quota};
+use tollgate::redis::{RedisLimiter, Source, SyncedLimiter};
+use tollgate::{Algorithm, Quota};
 
 #[test]
 fn compound_limits_on_a_three_master_cluster() {

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis_support::RedisServer;
-use turnstile::redis::{RedisLimiter, Source};
-use turnstile::{Algorithm, FakeClock, Limiter, Quota};
+use tollgate::redis::{RedisLimiter, Source};
+use tollgate::{Algorithm, FakeClock, Limiter, Quota};
 
 /// A deterministic pseudo-random sequence (xorshift), so a failing trace can be replayed.
 struct Rng(u64);
@@ -213,11 +213,11 @@ fn bad_costs_are_errors_not_calls() {
     rt.block_on(async {
         assert_eq!(
             l.check_n("k", 0).await.unwrap_err(),
-            turnstile::Error::ZeroCost
+            tollgate::Error::ZeroCost
         );
         assert!(matches!(
             l.check_n("k", 3).await.unwrap_err(),
-            turnstile::Error::CostExceedsCapacity {
+            tollgate::Error::CostExceedsCapacity {
                 cost: 3,
                 capacity: 2
             }
@@ -228,7 +228,7 @@ fn bad_costs_are_errors_not_calls() {
     let e = RedisLimiter::builder(&server.url())
         .quota(Quota::new(5, Duration::from_nanos(1_500)).algorithm(Algorithm::FixedWindow))
         .build();
-    assert!(matches!(e, Err(turnstile::Error::Config { .. })));
+    assert!(matches!(e, Err(tollgate::Error::Config { .. })));
 }
 
 /// 64 concurrent clients over two adapters (two connections) on one key with limit L admit

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis_support::{RedisServer, free_port};
-use turnstile::Quota;
-use turnstile::redis::{FailurePolicy, RedisLimiter, Source};
+use tollgate::Quota;
+use tollgate::redis::{FailurePolicy, RedisLimiter, Source};
 
 const DEADLINE: Duration = Duration::from_millis(20);
 /// Scheduling slack on a shared, noisy machine (timer wheel granularity, a busy runtime).
@@ -332,9 +332,9 @@ fn a_corrupted_key_is_answered_by_the_policy_without_tripping_the_breaker() {
     let rt = runtime();
     for (i, quota) in [
         Quota::per_second(10),
-        Quota::per_second(10).algorithm(turnstile::Algorithm::FixedWindow),
-        Quota::per_second(10).algorithm(turnstile::Algorithm::SlidingWindowCounter),
-        Quota::per_second(10).algorithm(turnstile::Algorithm::SlidingWindowLog),
+        Quota::per_second(10).algorithm(tollgate::Algorithm::FixedWindow),
+        Quota::per_second(10).algorithm(tollgate::Algorithm::SlidingWindowCounter),
+        Quota::per_second(10).algorithm(tollgate::Algorithm::SlidingWindowLog),
     ]
     .into_iter()
     .enumerate()

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis_support::RedisServer;
-use turnstile::Quota;
-use turnstile::redis::{FailurePolicy, SyncedLimiter};
+use tollgate::Quota;
+use tollgate::redis::{FailurePolicy, SyncedLimiter};
 
 const RATE: u64 = 200; // per second
 const BURST: u64 = 20;

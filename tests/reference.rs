@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use turnstile::{Algorithm, Clock, Decision, FAKE_UNIX_EPOCH_S, FakeClock, Limiter, Quota, Reason};
+use tollgate::{Algorithm, Clock, Decision, FAKE_UNIX_EPOCH_S, FakeClock, Limiter, Quota, Reason};
 
 const S: u64 = 1_000_000_000;
 const MS: u64 = 1_000_000;

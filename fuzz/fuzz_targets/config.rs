@@ -2,7 +2,7 @@
 //! config always builds a limiter.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use turnstile::{FakeClock, Limiter, PlanConfig};
+use tollgate::{FakeClock, Limiter, PlanConfig};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -1,5 +1,5 @@
 //! Raw state, time, cost and parameters straight into each pure algorithm (`algo/*`, through
-//! `turnstile::fuzz_api`): no panic, no overflow (the fuzz build has overflow checks), and the
+//! `tollgate::fuzz_api`): no panic, no overflow (the fuzz build has overflow checks), and the
 //! invariants hold, exactly:
 //!
 //! - purity: the same inputs give the same outcome;
@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use turnstile::fuzz_api::{FuzzLog, FuzzRule, Outcome};
-use turnstile::{Algorithm, Decision, Quota};
+use tollgate::fuzz_api::{FuzzLog, FuzzRule, Outcome};
+use tollgate::{Algorithm, Decision, Quota};
 
 /// Times stay below 2^63 ns: the limiter clamps every clock reading there.
 const MAX_NOW: u64 = (1 << 63) - 1;

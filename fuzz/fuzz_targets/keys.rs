@@ -9,8 +9,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use turnstile::client_ip_key;
-use turnstile::http::{
+use tollgate::client_ip_key;
+use tollgate::http::{
     ForwardedHeader, Hop, TrustedProxies, api_key_from_headers, client_ip, client_ip_from_headers,
     parse_forwarded, parse_x_forwarded_for,
 };
@@ -88,7 +88,7 @@ fuzz_target!(|data: &[u8]| {
         }
         // The header path agrees with the hop path, grouped by /64.
         let via_headers = client_ip_from_headers(peer, &headers, header, &trusted, 64);
-        if hops.len() <= turnstile::http::MAX_HOPS {
+        if hops.len() <= tollgate::http::MAX_HOPS {
             assert_eq!(
                 via_headers,
                 client_ip(peer, hops, &trusted).map(|ip| client_ip_key(ip, 64))
@@ -104,11 +104,15 @@ fuzz_target!(|data: &[u8]| {
             Hop::Invalid => None,
         })
         .collect();
-    let text = ips.iter().map(|ip| ip.to_string()).collect::<Vec<_>>().join(", ");
+    let text = ips
+        .iter()
+        .map(|ip| ip.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     let back = parse_x_forwarded_for(text.as_bytes());
     assert_eq!(back, ips.iter().map(|ip| Hop::Ip(*ip)).collect::<Vec<_>>());
 
     if let Ok(key) = api_key_from_headers(&headers, "x-api-key") {
-        assert!(!key.is_empty() && key.len() <= turnstile::http::MAX_KEY_LEN);
+        assert!(!key.is_empty() && key.len() <= tollgate::http::MAX_KEY_LEN);
     }
 });

@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use turnstile::{Algorithm, Quota};
+use tollgate::{Algorithm, Quota};
 
 /// A quota as the models see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

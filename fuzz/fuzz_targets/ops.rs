@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use turnstile::{
+use tollgate::{
     Algorithm, Clock, Decision, Error, FAKE_UNIX_EPOCH_S, FakeClock, Limiter, Plan, Reason,
 };
 

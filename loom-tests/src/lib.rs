@@ -1,9 +1,9 @@
-//! loom models of turnstile: one test file per area (`tests/cells.rs` the cells and the CAS loop,
+//! loom models of tollgate: one test file per area (`tests/cells.rs` the cells and the CAS loop,
 //! `tests/limiter.rs` the limiter on a 2-shard store: first insert, the cap, sweeping, compound
 //! limits, `tests/clock.rs` the fake clock). Run with `scripts/loom.sh`.
-#[cfg(not(turnstile_loom))]
+#[cfg(not(tollgate_loom))]
 compile_error!(
-    "loom-tests must be built with RUSTFLAGS=\"--cfg turnstile_loom\": run scripts/loom.sh"
+    "loom-tests must be built with RUSTFLAGS=\"--cfg tollgate_loom\": run scripts/loom.sh"
 );
 
 use std::sync::Arc;

@@ -7,9 +7,9 @@ use std::time::Duration;
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::thread;
-use turnstile::loom_api::ModelCell;
-use turnstile::{Algorithm, Quota};
-use turnstile_loom_tests::model;
+use tollgate::loom_api::ModelCell;
+use tollgate::{Algorithm, Quota};
+use tollgate_loom_tests::model;
 
 fn quota(alg: Algorithm, limit: u64, burst: u64) -> Quota {
     Quota::new(limit, Duration::from_secs(1))

@@ -1,8 +1,8 @@
 //! The fake clock that every other model, the fuzz targets and the tests use to control time.
 
 use loom::thread;
-use turnstile::{Clock, FakeClock};
-use turnstile_loom_tests::model;
+use tollgate::{Clock, FakeClock};
+use tollgate_loom_tests::model;
 
 /// An advance racing reads: every read is a time that existed, one thread's reads never go
 /// backwards, and no advance is lost.

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
-use turnstile::{FakeClock, Limiter, Plan, Quota, Reason, check_all};
-use turnstile_loom_tests::model;
+use tollgate::{FakeClock, Limiter, Plan, Quota, Reason, check_all};
+use tollgate_loom_tests::model;
 
 const S: u64 = 1_000_000_000;
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
-use turnstile::{FakeClock, Limiter, Quota, StoreKind};
+use tollgate::{FakeClock, Limiter, Quota, StoreKind};
 
 /// Runs `f` under loom and prints the number of interleavings explored.
 fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
@@ -82,7 +82,11 @@ fn check_against_sweep() {
         assert!(checker.join().unwrap());
         let swept = sweeper.join().unwrap();
         assert!(swept <= 1);
-        assert_eq!(l.len(), 1, "the key is tracked again (or was never removed)");
+        assert_eq!(
+            l.len(),
+            1,
+            "the key is tracked again (or was never removed)"
+        );
         assert!(!l.check(&7).is_allowed(), "the charge was not lost");
     });
 }
@@ -105,7 +109,10 @@ fn check_against_spill() {
         };
         assert!(checker.join().unwrap(), "one unit was left");
         assert!(spiller.join().unwrap());
-        assert!(!l.check(&7).is_allowed(), "the bucket of 2 is spent, wherever it lives");
+        assert!(
+            !l.check(&7).is_allowed(),
+            "the bucket of 2 is spent, wherever it lives"
+        );
         assert_eq!(l.len(), 1);
     });
 }

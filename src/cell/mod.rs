@@ -37,8 +37,8 @@ pub(crate) struct Applied {
 
 /// The ordering of the loads a charge decides on (a cell's in [`update`], an inline slot's in the
 /// flat store's probe): `Acquire`, except in the deliberately broken build
-/// `--cfg turnstile_broken="relaxed"` (scripts/must-fail.sh), which the loom suite must catch.
-pub(crate) const ACQUIRE: Ordering = if cfg!(turnstile_broken = "relaxed") {
+/// `--cfg tollgate_broken="relaxed"` (scripts/must-fail.sh), which the loom suite must catch.
+pub(crate) const ACQUIRE: Ordering = if cfg!(tollgate_broken = "relaxed") {
     Ordering::Relaxed
 } else {
     Ordering::Acquire
@@ -51,7 +51,7 @@ pub(crate) trait Word {
     /// key's).
     fn swap(&self, current: u64, next: u64) -> Result<(), Option<u64>>;
     /// The deliberately broken build's blind write (scripts/must-fail.sh).
-    #[cfg(turnstile_broken = "load_store")]
+    #[cfg(tollgate_broken = "load_store")]
     fn overwrite(&self, next: u64);
 }
 
@@ -65,7 +65,7 @@ impl Word for AtomicU64 {
             .map(drop)
             .map_err(Some)
     }
-    #[cfg(turnstile_broken = "load_store")]
+    #[cfg(tollgate_broken = "load_store")]
     fn overwrite(&self, next: u64) {
         // Release: publishes like the exchange would; the bug is the missing compare.
         self.store(next, Ordering::Release);
@@ -93,7 +93,7 @@ impl Word for Inline<'_> {
             )
             .map_err(|(tag, word)| (tag == self.tag).then_some(word))
     }
-    #[cfg(turnstile_broken = "load_store")]
+    #[cfg(tollgate_broken = "load_store")]
     fn overwrite(&self, next: u64) {
         // The broken build's blind write: whatever the slot holds now is replaced.
         let seen = self.slot.load(ACQUIRE);
@@ -135,7 +135,7 @@ fn update_word_from(
 /// Returns the state the outcome was decided on, the state written (if any) and the number of
 /// retries; `None` when the word stopped being the key's (an inline slot removed under us).
 #[inline(always)]
-#[cfg_attr(turnstile_broken = "load_store", allow(unreachable_code))]
+#[cfg_attr(tollgate_broken = "load_store", allow(unreachable_code))]
 fn swap_loop(
     cell: &impl Word,
     mut current: u64,
@@ -148,7 +148,7 @@ fn swap_loop(
         };
         // Deliberately broken cell for scripts/must-fail.sh: a load then a blind write, so two
         // racing charges can both decide on the same state and one overwrites the other.
-        #[cfg(turnstile_broken = "load_store")]
+        #[cfg(tollgate_broken = "load_store")]
         {
             cell.overwrite(n);
             return Some((current, Some(n), retries));

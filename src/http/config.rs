@@ -67,7 +67,7 @@ impl HeaderStyle {
 /// it), or global.
 ///
 /// ```
-/// use turnstile::http::Rule;
+/// use tollgate::http::Rule;
 /// let login = Rule::route("/login", "login").methods(["POST"]);
 /// let search = Rule::route("/search/*", "search").shared();
 /// let global = Rule::global("global").tier("free", "global_free");
@@ -152,7 +152,7 @@ impl Rule {
 /// Everything the HTTP layer needs: plans, keys, proxies, headers, rules.
 ///
 /// ```
-/// use turnstile::http::{HeaderStyle, HttpConfig};
+/// use tollgate::http::{HeaderStyle, HttpConfig};
 /// let config = HttpConfig::parse(r#"
 /// [plans.free]
 /// limit = 100
@@ -194,8 +194,8 @@ impl HttpConfig {
     /// /64), no trusted proxy, both header styles, the first plan for every client.
     ///
     /// ```
-    /// use turnstile::http::{HttpConfig, KeySource, RateLimitLayer, Rule, TrustedProxies};
-    /// use turnstile::{Plan, Quota};
+    /// use tollgate::http::{HttpConfig, KeySource, RateLimitLayer, Rule, TrustedProxies};
+    /// use tollgate::{Plan, Quota};
     /// let config = HttpConfig::new([
     ///     ("free".to_string(), Plan::new([Quota::per_hour(100)])),
     ///     ("login".to_string(), Plan::new([Quota::per_minute(5)])),
@@ -212,7 +212,7 @@ impl HttpConfig {
     ///     RateLimitLayer::new(bad).err().unwrap().to_string(),
     ///     "http.rules[0].plan: unknown plan 'everyone'"
     /// );
-    /// # Ok::<(), turnstile::Error>(())
+    /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn new(plans: impl IntoIterator<Item = (String, Plan)>) -> Self {
         HttpConfig {

@@ -26,7 +26,7 @@ pub const MAX_HOPS: usize = 64;
 ///
 /// ```
 /// use std::net::IpAddr;
-/// use turnstile::http::ClientKey;
+/// use tollgate::http::ClientKey;
 /// let ip: IpAddr = "192.0.2.7".parse().unwrap();
 /// let k = ClientKey::Composite(vec![ClientKey::Ip(ip), ClientKey::ApiKey("k1".into())].into());
 /// assert_eq!(k.to_string(), "ip:192.0.2.7+api_key:k1");
@@ -143,7 +143,7 @@ struct Net {
 /// The proxies whose forwarding headers are believed: addresses and CIDR networks.
 ///
 /// ```
-/// use turnstile::http::TrustedProxies;
+/// use tollgate::http::TrustedProxies;
 /// let t = TrustedProxies::parse(["10.0.0.0/8", "::1", "fd00::/8"]).unwrap();
 /// assert!(t.contains("10.1.2.3".parse().unwrap()));
 /// assert!(t.contains("::ffff:10.9.9.9".parse().unwrap())); // IPv4-mapped counts as IPv4
@@ -259,7 +259,7 @@ pub enum Hop {
 /// allows; anything else that is not an address is a [`Hop::Invalid`].
 ///
 /// ```
-/// use turnstile::http::{Hop, parse_x_forwarded_for};
+/// use tollgate::http::{Hop, parse_x_forwarded_for};
 /// let hops = parse_x_forwarded_for(b"203.0.113.9, [2001:db8::1]:443 ,junk");
 /// assert_eq!(hops, [
 ///     Hop::Ip("203.0.113.9".parse().unwrap()),
@@ -287,7 +287,7 @@ pub fn parse_x_forwarded_for(value: &[u8]) -> Vec<Hop> {
 /// [`Hop::Invalid`].
 ///
 /// ```
-/// use turnstile::http::{Hop, parse_forwarded};
+/// use tollgate::http::{Hop, parse_forwarded};
 /// let hops = parse_forwarded(br#"for=192.0.2.60;proto=http, for="[2001:db8:cafe::17]:4711", for=unknown"#);
 /// assert_eq!(hops, [
 ///     Hop::Ip("192.0.2.60".parse().unwrap()),
@@ -413,7 +413,7 @@ fn is_port(p: &str) -> bool {
 /// trusted, the leftmost. An untrusted peer's headers are ignored entirely.
 ///
 /// ```
-/// use turnstile::http::{Hop, TrustedProxies, client_ip};
+/// use tollgate::http::{Hop, TrustedProxies, client_ip};
 /// let trusted = TrustedProxies::parse(["10.0.0.0/8"]).unwrap();
 /// let hops = [Hop::Ip("198.51.100.1".parse().unwrap()), Hop::Ip("203.0.113.5".parse().unwrap()), Hop::Ip("10.0.0.2".parse().unwrap())];
 /// // From the trusted proxy 10.0.0.1: 10.0.0.2 is trusted too, 203.0.113.5 is the client
@@ -447,7 +447,7 @@ pub fn client_ip(peer: IpAddr, hops: &[Hop], trusted: &TrustedProxies) -> Result
 ///
 /// ```
 /// use http::HeaderMap;
-/// use turnstile::http::{ForwardedHeader, TrustedProxies, client_ip_from_headers};
+/// use tollgate::http::{ForwardedHeader, TrustedProxies, client_ip_from_headers};
 /// let mut headers = HeaderMap::new();
 /// headers.append("x-forwarded-for", "2001:db8:1:2::77".parse().unwrap());
 /// let trusted = TrustedProxies::parse(["127.0.0.1"]).unwrap();
@@ -487,7 +487,7 @@ pub fn client_ip_from_headers(
 ///
 /// ```
 /// use http::HeaderMap;
-/// use turnstile::http::{KeyError, api_key_from_headers};
+/// use tollgate::http::{KeyError, api_key_from_headers};
 /// let mut h = HeaderMap::new();
 /// assert_eq!(api_key_from_headers(&h, "x-api-key"), Err(KeyError::NoApiKey));
 /// h.insert("x-api-key", "k-123".parse().unwrap());

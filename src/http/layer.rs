@@ -32,7 +32,7 @@ use crate::sweep::Sweeper;
 /// whose bucket.
 ///
 /// ```
-/// use turnstile::http::{ClientKey, HttpKey};
+/// use tollgate::http::{ClientKey, HttpKey};
 /// let own = HttpKey { rule: None, client: ClientKey::ApiKey("k1".into()) };
 /// let global = HttpKey { rule: Some(0), client: ClientKey::Unidentified };
 /// assert_ne!(own, global);
@@ -146,7 +146,7 @@ struct Core<C: Clock> {
 ///
 /// ```
 /// use axum::{Router, routing::get};
-/// use turnstile::http::{HttpConfig, RateLimitLayer};
+/// use tollgate::http::{HttpConfig, RateLimitLayer};
 /// let config = HttpConfig::parse("[plans.free]\nlimit = 100\nwindow = \"1h\"\n").unwrap();
 /// let layer = RateLimitLayer::new(config).unwrap();
 /// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(layer.clone());
@@ -273,7 +273,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// table is used.
     ///
     /// ```
-    /// use turnstile::http::{ClientKey, HttpConfig, RateLimitLayer};
+    /// use tollgate::http::{ClientKey, HttpConfig, RateLimitLayer};
     /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = 60\n[plans.pro]\nlimit = 1000\nwindow = 60\n").unwrap();
     /// let layer = RateLimitLayer::new(config).unwrap().resolver(|parts, _client: &ClientKey| {
     ///     let pro = parts.headers.get("x-api-key").is_some_and(|k| k == "secret");
@@ -529,7 +529,7 @@ impl<C: Clock> RateLimitLayer<C> {
             headers.insert(
                 http::header::WARNING,
                 HeaderValue::from_static(
-                    "199 turnstile \"rate limit exceeded; passed by the soft limit\"",
+                    "199 tollgate \"rate limit exceeded; passed by the soft limit\"",
                 ),
             );
         }

@@ -68,7 +68,7 @@ impl HttpCounters {
             }
         };
         metric(
-            "turnstile_decisions_total",
+            "tollgate_decisions_total",
             "counter",
             "Limiter decisions by outcome (one per limit checked).",
             &[
@@ -79,55 +79,55 @@ impl HttpCounters {
             ],
         );
         metric(
-            "turnstile_keys",
+            "tollgate_keys",
             "gauge",
             "Keys tracked now.",
             &[("", stats.keys)],
         );
         metric(
-            "turnstile_evictions_total",
+            "tollgate_evictions_total",
             "counter",
             "Fresh keys evicted to make room.",
             &[("", stats.evictions)],
         );
         metric(
-            "turnstile_swept_keys_total",
+            "tollgate_swept_keys_total",
             "counter",
             "Keys removed by sweeping.",
             &[("", stats.swept)],
         );
         metric(
-            "turnstile_cas_retries_total",
+            "tollgate_cas_retries_total",
             "counter",
             "Compare-and-swap attempts lost to another thread.",
             &[("", stats.cas_retries)],
         );
         metric(
-            "turnstile_http_requests_total",
+            "tollgate_http_requests_total",
             "counter",
             "Requests seen by the layer.",
             &[("", get(&self.requests))],
         );
         metric(
-            "turnstile_http_limited_total",
+            "tollgate_http_limited_total",
             "counter",
             "Requests answered 429.",
             &[("", get(&self.limited))],
         );
         metric(
-            "turnstile_http_soft_passed_total",
+            "tollgate_http_soft_passed_total",
             "counter",
             "Requests over a soft limit, passed with a warning.",
             &[("", get(&self.soft_passed))],
         );
         metric(
-            "turnstile_http_queued_total",
+            "tollgate_http_queued_total",
             "counter",
             "Requests held by the queue strategy before passing.",
             &[("", get(&self.queued))],
         );
         metric(
-            "turnstile_http_queued_seconds_total",
+            "tollgate_http_queued_seconds_total",
             "counter",
             "Total time requests were held by the queue strategy.",
             &[],
@@ -135,7 +135,7 @@ impl HttpCounters {
         let ns = get(&self.queued_wait_ns);
         let _ = writeln!(
             out,
-            "turnstile_http_queued_seconds_total {}.{:09}",
+            "tollgate_http_queued_seconds_total {}.{:09}",
             ns / 1_000_000_000,
             ns % 1_000_000_000
         );
@@ -145,22 +145,22 @@ impl HttpCounters {
             let _ = writeln!(out, "{name} {v}");
         };
         metric(
-            "turnstile_http_bad_key_total",
+            "tollgate_http_bad_key_total",
             "Requests whose client key could not be taken (fallback applied).",
             get(&self.bad_key),
         );
         metric(
-            "turnstile_http_rejected_bad_key_total",
+            "tollgate_http_rejected_bad_key_total",
             "Requests answered 400 for a bad key.",
             get(&self.rejected_bad_key),
         );
         metric(
-            "turnstile_http_unknown_plan_total",
+            "tollgate_http_unknown_plan_total",
             "Resolver answers naming an unknown plan (default plan used).",
             get(&self.unknown_plan),
         );
         metric(
-            "turnstile_http_internal_errors_total",
+            "tollgate_http_internal_errors_total",
             "Requests answered 500 because the limiter refused the configuration.",
             get(&self.internal_errors),
         );

@@ -9,7 +9,7 @@
 //! ```
 //! use std::net::SocketAddr;
 //! use axum::{Router, routing::get};
-//! use turnstile::http::{HttpConfig, RateLimitLayer};
+//! use tollgate::http::{HttpConfig, RateLimitLayer};
 //!
 //! let config = HttpConfig::parse(r#"
 //! [plans.free]
@@ -24,7 +24,7 @@
 //!     .layer(RateLimitLayer::new(config)?);
 //! // axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
 //! # let _ = app.into_make_service_with_connect_info::<SocketAddr>();
-//! # Ok::<(), turnstile::Error>(())
+//! # Ok::<(), tollgate::Error>(())
 //! ```
 
 mod config;

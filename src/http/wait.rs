@@ -14,7 +14,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use turnstile::{Limiter, Quota};
+    /// use tollgate::{Limiter, Quota};
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
     /// let limiter = Limiter::<&str>::builder().quota(Quota::per_second(20).burst(1)).build()?;
     /// assert!(limiter.until_ready(&"job", Duration::ZERO).await?.is_allowed());
@@ -23,7 +23,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// assert!(d.is_allowed() && d.delay() > Duration::ZERO);
     /// // ...with none, it is denied at once and nothing is charged.
     /// assert!(!limiter.until_ready(&"job", Duration::ZERO).await?.is_allowed());
-    /// # Ok::<(), turnstile::Error>(()) }).unwrap();
+    /// # Ok::<(), tollgate::Error>(()) }).unwrap();
     /// ```
     pub async fn until_ready(&self, key: &K, max_wait: Duration) -> Result<Decision, Error> {
         self.until_ready_in(key, PlanId::DEFAULT, 1, max_wait).await

@@ -49,7 +49,7 @@ pub use synced::{SyncedBuilder, SyncedLimiter, SyncedStats};
 /// | `LocalShare { nodes }` | each process enforces `1/nodes` of every quota on its own | a rough limit beats none and beats a full stop |
 ///
 /// ```
-/// use turnstile::redis::FailurePolicy;
+/// use tollgate::redis::FailurePolicy;
 /// let p = FailurePolicy::LocalShare { nodes: 4 };
 /// assert_ne!(p, FailurePolicy::Closed);
 /// ```
@@ -85,7 +85,7 @@ pub enum Source {
 /// A decision and where it came from.
 ///
 /// ```
-/// use turnstile::redis::{Checked, Source};
+/// use tollgate::redis::{Checked, Source};
 /// fn header(c: &Checked) -> &'static str {
 ///     if c.source() == Source::Redis { "exact" } else { "degraded" }
 /// }
@@ -180,7 +180,7 @@ impl Common {
         Common {
             target,
             quotas: Vec::new(),
-            prefix: "turnstile:".into(),
+            prefix: "tollgate:".into(),
             deadline: DEFAULT_DEADLINE,
             policy: FailurePolicy::Closed,
             breaker: BreakerConfig {
@@ -276,7 +276,7 @@ macro_rules! common_setters {
             self.common.quotas.push(quota);
             self
         }
-        /// The prefix of every key this limiter writes (default `turnstile:`). Limiters with
+        /// The prefix of every key this limiter writes (default `tollgate:`). Limiters with
         /// different quotas on one Redis need different prefixes.
         pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
             self.common.prefix = prefix.into();
@@ -346,8 +346,8 @@ impl<C: Clock + Clone> RedisBuilder<C> {
     /// Checks the settings. Does not connect: a limiter starts while Redis is down.
     ///
     /// ```
-    /// use turnstile::{Error, Quota};
-    /// use turnstile::redis::RedisLimiter;
+    /// use tollgate::{Error, Quota};
+    /// use tollgate::redis::RedisLimiter;
     /// let bad = RedisLimiter::builder("redis://127.0.0.1:1/").quota(Quota::per_second(0)).build();
     /// assert!(matches!(bad, Err(Error::ZeroLimit)));
     /// let bad = RedisLimiter::builder("no-such-scheme://x").quota(Quota::per_second(5)).build();
@@ -395,10 +395,10 @@ where
 /// the connection and the counters).
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), turnstile::Error> {
+/// # async fn demo() -> Result<(), tollgate::Error> {
 /// use std::time::Duration;
-/// use turnstile::Quota;
-/// use turnstile::redis::{FailurePolicy, RedisLimiter};
+/// use tollgate::Quota;
+/// use tollgate::redis::{FailurePolicy, RedisLimiter};
 ///
 /// let limiter = RedisLimiter::builder("redis://127.0.0.1:6379/")
 ///     .quota(Quota::per_second(10))
@@ -565,11 +565,11 @@ impl<C: Clock> RedisLimiter<C> {
     /// inspection and tests. They share one hash tag, so one Cluster slot.
     ///
     /// ```
-    /// use turnstile::Quota;
-    /// use turnstile::redis::RedisLimiter;
+    /// use tollgate::Quota;
+    /// use tollgate::redis::RedisLimiter;
     /// let l = RedisLimiter::builder("redis://127.0.0.1:1/").quota(Quota::per_second(1)).build()?;
-    /// assert_eq!(l.keys_of("u1"), vec!["turnstile:{u1}:0".to_string()]);
-    /// # Ok::<(), turnstile::Error>(())
+    /// assert_eq!(l.keys_of("u1"), vec!["tollgate:{u1}:0".to_string()]);
+    /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn keys_of(&self, key: &str) -> Vec<String> {
         let mut keys = Vec::new();

@@ -184,10 +184,10 @@ struct SyncedInner {
 /// The background task stops when the limiter is dropped.
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), turnstile::Error> {
+/// # async fn demo() -> Result<(), tollgate::Error> {
 /// use std::time::Duration;
-/// use turnstile::Quota;
-/// use turnstile::redis::SyncedLimiter;
+/// use tollgate::Quota;
+/// use tollgate::redis::SyncedLimiter;
 /// let limiter = SyncedLimiter::builder("redis://127.0.0.1:6379/")
 ///     .quota(Quota::per_second(1000))
 ///     .interval(Duration::from_millis(50))

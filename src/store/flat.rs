@@ -79,10 +79,10 @@ const SPILLED: u64 = 0b11;
 const KIND: u64 = 0b11;
 
 /// Shard tables at least this large ask for transparent huge pages.
-#[cfg(not(turnstile_loom))]
+#[cfg(not(tollgate_loom))]
 const HUGE_TABLE_BYTES: usize = 4 << 20;
 /// The size (and alignment) of a transparent huge page on x86-64 and most arm64 kernels.
-#[cfg(not(turnstile_loom))]
+#[cfg(not(tollgate_loom))]
 const HUGE_PAGE: usize = 2 << 20;
 
 /// Fresh keys a sweep removes in one hardware transaction, where the CPU has them: at most 32
@@ -1190,19 +1190,19 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
 /// large allocations from its heap and zeroes them by hand.)
 struct Groups {
     /// The mapping, owned here (unmapped on drop) and reached through `first`.
-    #[cfg(not(turnstile_loom))]
+    #[cfg(not(tollgate_loom))]
     _map: memmap2::MmapMut,
     /// The first group, in `_map` (a large table starts on a 2 MiB boundary): kept as a
     /// pointer, since adding an offset to the map's address on every lookup cost a load and an
     /// add (2.5 instructions a hot-key denial, callgrind).
-    #[cfg(not(turnstile_loom))]
+    #[cfg(not(tollgate_loom))]
     first: *const Group,
     /// The pass counts, one a group, in `_map` after the groups.
-    #[cfg(not(turnstile_loom))]
+    #[cfg(not(tollgate_loom))]
     passes: *const AtomicU8,
-    #[cfg(turnstile_loom)]
+    #[cfg(tollgate_loom)]
     vec: Box<[Group]>,
-    #[cfg(turnstile_loom)]
+    #[cfg(tollgate_loom)]
     passes: Box<[AtomicU8]>,
     len: usize,
 }
@@ -1210,15 +1210,15 @@ struct Groups {
 // SAFETY: `first` and `passes` point into `_map`, which `Groups` owns and which is `Send` and
 // `Sync`; the groups and counts are only ever accessed through atomics (see `get` and
 // `passes`), as a `Box<[Group]>` and a `Box<[AtomicU8]>` would be.
-#[cfg(not(turnstile_loom))]
+#[cfg(not(tollgate_loom))]
 unsafe impl Send for Groups {}
-#[cfg(not(turnstile_loom))]
+#[cfg(not(tollgate_loom))]
 unsafe impl Sync for Groups {}
 
 impl Groups {
     /// `len` groups; `None` when the system will not map that much.
     fn new(len: usize) -> Option<Self> {
-        #[cfg(not(turnstile_loom))]
+        #[cfg(not(tollgate_loom))]
         {
             let groups = len.checked_mul(std::mem::size_of::<Group>())?;
             let bytes = groups.checked_add(len)?;
@@ -1252,7 +1252,7 @@ impl Groups {
                 len,
             })
         }
-        #[cfg(turnstile_loom)]
+        #[cfg(tollgate_loom)]
         {
             let vec = (0..len)
                 .map(|_| Group(std::array::from_fn(|_| AtomicPair::new(EMPTY, 0))))
@@ -1264,7 +1264,7 @@ impl Groups {
 
     #[inline]
     fn get(&self) -> &[Group] {
-        #[cfg(not(turnstile_loom))]
+        #[cfg(not(tollgate_loom))]
         // SAFETY: the map holds `len * size_of::<Group>()` bytes from `first`, which is
         // page-aligned (so 64-aligned); they are zero-filled by the operating system, and the
         // map lives as long as `self`. All-zero bytes are a valid `Group` (four `AtomicPair`s,
@@ -1273,7 +1273,7 @@ impl Groups {
         unsafe {
             std::slice::from_raw_parts(self.first, self.len)
         }
-        #[cfg(turnstile_loom)]
+        #[cfg(tollgate_loom)]
         {
             &self.vec
         }
@@ -1282,14 +1282,14 @@ impl Groups {
     /// The pass counts, one a group.
     #[inline]
     fn passes(&self) -> &[AtomicU8] {
-        #[cfg(not(turnstile_loom))]
+        #[cfg(not(tollgate_loom))]
         // SAFETY: the map holds `len` bytes from `passes`, zero-filled by the operating system
         // and living as long as `self`; a zero byte is a valid `AtomicU8` holding 0, and the
         // counts are only ever accessed through atomic operations.
         unsafe {
             std::slice::from_raw_parts(self.passes, self.len)
         }
-        #[cfg(turnstile_loom)]
+        #[cfg(tollgate_loom)]
         {
             &self.passes
         }

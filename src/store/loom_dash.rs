@@ -1,4 +1,4 @@
-//! The dash store's protocol on loom's `RwLock`, built only under `--cfg turnstile_loom`.
+//! The dash store's protocol on loom's `RwLock`, built only under `--cfg tollgate_loom`.
 //!
 //! `DashMap` guards each shard with its own spin/park lock on plain `std` atomics: loom cannot
 //! see it, and a model thread blocking on it would stall the model checker. This store takes the

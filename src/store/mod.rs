@@ -3,10 +3,10 @@
 //! A store holds [`Entry`] values: the rules the entry's cells were built for, a penalty deadline
 //! and the cells. It enforces the `max_keys` cap itself, so no caller can insert past it.
 
-#[cfg_attr(turnstile_loom, allow(dead_code))]
+#[cfg_attr(tollgate_loom, allow(dead_code))]
 pub(crate) mod dash;
 pub(crate) mod flat;
-#[cfg(turnstile_loom)]
+#[cfg(tollgate_loom)]
 pub(crate) mod loom_dash;
 
 use std::sync::Arc;
@@ -15,12 +15,12 @@ use crate::cell::Cell;
 use crate::quota::Rule;
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
-#[cfg(not(turnstile_loom))]
+#[cfg(not(tollgate_loom))]
 pub(crate) use dash::DashStore;
 pub(crate) use flat::FlatStore;
 /// Under loom, dashmap's own locks are invisible to the model checker (and would block it): the
 /// same protocol on loom's `RwLock` stands in.
-#[cfg(turnstile_loom)]
+#[cfg(tollgate_loom)]
 pub(crate) use loom_dash::LoomDashStore as DashStore;
 
 /// Which concurrent map holds a limiter's keys (see [`Builder::store`](crate::Builder::store)).
@@ -58,11 +58,11 @@ impl StoreKind {
 /// A hasher for a new map: a random seed per map, so nobody can aim keys at one shard or one
 /// probe chain. Under loom the seed is fixed: a model must run the same way every time.
 pub(crate) fn random_state() -> ahash::RandomState {
-    #[cfg(not(turnstile_loom))]
+    #[cfg(not(tollgate_loom))]
     {
         ahash::RandomState::new()
     }
-    #[cfg(turnstile_loom)]
+    #[cfg(tollgate_loom)]
     {
         ahash::RandomState::with_seeds(1, 2, 3, 4)
     }

@@ -63,7 +63,7 @@ impl RedisServer {
     /// A server on `port` with a fresh, empty working directory, not yet running.
     fn unstarted(port: u16, extra: &[&str]) -> RedisServer {
         let dir =
-            std::env::temp_dir().join(format!("turnstile-redis-{}-{port}", std::process::id()));
+            std::env::temp_dir().join(format!("tollgate-redis-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         RedisServer {

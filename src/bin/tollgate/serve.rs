@@ -1,4 +1,4 @@
-//! `turnstile serve`: a small axum server behind the rate-limit layer, to watch the headers
+//! `tollgate serve`: a small axum server behind the rate-limit layer, to watch the headers
 //! count down with `curl -i`, and `/metrics` in the Prometheus text format.
 
 use std::net::SocketAddr;
@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use axum::Router;
 use axum::extract::Path;
 use axum::routing::{any, get, post};
-use turnstile::http::{HttpConfig, RateLimitLayer};
+use tollgate::http::{HttpConfig, RateLimitLayer};
 
 use crate::Fail;
 
@@ -35,7 +35,7 @@ pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
             .map_err(|e| Fail::Run(format!("cannot read the bound address: {e}")))?;
         let metrics = layer.clone();
         let app = Router::new()
-            .route("/", get(|| async { "hello from turnstile\n" }))
+            .route("/", get(|| async { "hello from tollgate\n" }))
             .route("/login", post(|| async { "login attempt recorded\n" }))
             .route(
                 "/api/{*path}",
@@ -44,7 +44,7 @@ pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
             .layer(layer)
             // Not rate-limited: added after the layer.
             .route("/metrics", get(move || async move { metrics.metrics() }));
-        println!("turnstile serve: listening on http://{bound} (plans: {plans})");
+        println!("tollgate serve: listening on http://{bound} (plans: {plans})");
         println!("  try: curl -i http://{bound}/    and    curl -s http://{bound}/metrics");
         axum::serve(
             listener,

@@ -1,7 +1,7 @@
-//! `turnstile`: a demo of the seeds' story (a bot at 10,000 req/s among honest users) on a virtual
+//! `tollgate`: a demo of the seeds' story (a bot at 10,000 req/s among honest users) on a virtual
 //! clock through every algorithm, and a quick single-thread benchmark.
 //!
-//! Built with `cargo run --release --features cli -- <command>`; `turnstile --help` lists the
+//! Built with `cargo run --release --features cli -- <command>`; `tollgate --help` lists the
 //! commands. Argument parsing and the SVG chart are written by hand (no dependencies).
 
 use std::cmp::Reverse;
@@ -11,10 +11,10 @@ use std::io::{self, Write as _};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use turnstile::{Algorithm, Clock, CountingAllocator, Error, FakeClock, Limiter, Quota};
+use tollgate::{Algorithm, Clock, CountingAllocator, Error, FakeClock, Limiter, Quota};
 
 #[cfg(feature = "http")]
-#[path = "turnstile/serve.rs"]
+#[path = "tollgate/serve.rs"]
 mod serve;
 
 /// Live heap bytes, for the demo's "bytes per key" column.
@@ -30,13 +30,13 @@ fn live_bytes() -> usize {
 // ---------------------------------------------------------------------------------------------
 
 const USAGE: &str = "\
-turnstile: a keyed rate limiter, demonstrated
+tollgate: a keyed rate limiter, demonstrated
 
 USAGE:
-    turnstile demo [--plot FILE.svg] [--seconds N]
-    turnstile bench [--keys N] [--seconds S]
-    turnstile serve --config FILE.toml [--listen ADDRESS:PORT]
-    turnstile --help
+    tollgate demo [--plot FILE.svg] [--seconds N]
+    tollgate bench [--keys N] [--seconds S]
+    tollgate serve --config FILE.toml [--listen ADDRESS:PORT]
+    tollgate --help
 
 COMMANDS:
     demo    Replays the story on a virtual clock: one bot client sends 10,000 req/s
@@ -89,17 +89,17 @@ fn main() -> ExitCode {
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Fail::Usage(msg)) => {
-            eprintln!("turnstile: error: {msg}");
-            eprintln!("Run `turnstile --help` for usage.");
+            eprintln!("tollgate: error: {msg}");
+            eprintln!("Run `tollgate --help` for usage.");
             ExitCode::from(2)
         }
         Err(Fail::Run(msg)) => {
-            eprintln!("turnstile: error: {msg}");
+            eprintln!("tollgate: error: {msg}");
             ExitCode::from(1)
         }
         Err(Fail::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(Fail::Output(e)) => {
-            eprintln!("turnstile: error: cannot write output: {e}");
+            eprintln!("tollgate: error: cannot write output: {e}");
             ExitCode::from(1)
         }
     }
@@ -388,7 +388,7 @@ fn demo(seconds: u64, plot: Option<&str>) -> Result<(), Fail> {
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "turnstile demo: {seconds} virtual seconds; limit {LIMIT}/min per client (buckets: burst \
+        "tollgate demo: {seconds} virtual seconds; limit {LIMIT}/min per client (buckets: burst \
          {LIMIT}); bot client at 10,000 req/s from t = {} s; {HONEST} honest users at ~1 req/s",
         BOT_START_NS / NS
     );
@@ -696,7 +696,7 @@ fn bench(keys: u64, seconds: f64) -> Result<(), Fail> {
     let mut out = io::stdout().lock();
     writeln!(
         out,
-        "turnstile bench: 1 thread, MonotonicClock, {keys} keys checked in turn, median of {RUNS} \
+        "tollgate bench: 1 thread, MonotonicClock, {keys} keys checked in turn, median of {RUNS} \
          runs of {:.0} ms",
         per_run.as_secs_f64() * 1e3
     )?;
