@@ -17,6 +17,9 @@
 #   blind_removal  the sweep's removal a plain store a little while after its load, and no
 #               transactions: both sweep race tests (tests::flat::sweeps_*_racing_fresh_keys_*)
 #               must see a round admit more than its bound. Only the real-thread tests are asked.
+#   live_migration  a key's state moves between live plans (every other live rule of the same
+#               algorithm is taken as a predecessor): the plan tests (tests::plans::*) must see a
+#               rule admit above its bound. Only the unit tests are asked.
 #
 # The loom runs build in their own target folders (target/broken-loom-*), so the normal loom
 # build stays cached; the unit tests are rebuilt in target/ with the cfg on this crate only (the
@@ -46,14 +49,14 @@ expect_failure() { # name, grep pattern that the failure output must contain, co
     rm -f "$log"
 }
 
-for variant in load_store relaxed torn_load blind_removal; do
+for variant in load_store relaxed torn_load blind_removal live_migration; do
     echo "== broken cell: $variant"
     flags="--cfg tollgate_broken=\"$variant\""
     case "$variant" in
         load_store) loom_reason='a charge was lost|state went back|left: [0-9]+' ;;
         relaxed) loom_reason='Causality violation|data race' ;;
     esac
-    if [[ "$variant" != torn_load && "$variant" != blind_removal ]]; then
+    if [[ "$variant" != torn_load && "$variant" != blind_removal && "$variant" != live_migration ]]; then
         expect_failure "loom suite ($variant)" "$loom_reason" \
             env RUSTFLAGS="$flags" TOLLGATE_LOOM_TARGET_DIR="$root/target/broken-loom-$variant" \
             bash scripts/loom.sh --test cells
@@ -73,6 +76,11 @@ for variant in load_store relaxed torn_load blind_removal; do
                 "$exe" --exact tests::engine::threads_on_one_key_admit_exactly_burst
             expect_failure "window thread exactness test ($variant)" 'attempt [0-9]+' \
                 "$exe" --exact tests::engine::threads_on_one_key_admit_exactly_the_window_limit
+        elif [[ "$variant" == live_migration ]]; then
+            expect_failure "alternating plans test ($variant)" 'left: \([0-9]+, [0-9]+\)' \
+                "$exe" --exact tests::plans::alternating_plans_each_hold_their_burst
+            expect_failure "plan bound property test ($variant)" 'units in \[' \
+                "$exe" --exact tests::plans::every_rule_holds_its_own_bound
         elif [[ "$variant" == blind_removal ]]; then
             for path in in_transactions one_swap_at_a_time; do
                 expect_failure "sweep race test, $path ($variant)" 'more than [0-9]+ a round' \

@@ -12,7 +12,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::store::Store;
+use crate::store::{Fresh, Store};
 use crate::sync::{AtomicUsize, Ordering};
 
 /// Sweeps shards starting at `cursor` until at least `budget` entries have been visited or every
@@ -21,7 +21,7 @@ use crate::sync::{AtomicUsize, Ordering};
 pub(crate) fn sweep_once<K, S: Store<K>>(
     store: &S,
     cursor: &AtomicUsize,
-    now: u64,
+    fresh: Fresh<'_>,
     budget: usize,
     mut on_removed: impl FnMut(usize),
 ) -> (usize, usize) {
@@ -30,7 +30,7 @@ pub(crate) fn sweep_once<K, S: Store<K>>(
     for _ in 0..shards {
         // Relaxed: the cursor only spreads work; two sweepers on one shard are each correct.
         let shard = cursor.fetch_add(1, Ordering::Relaxed) % shards;
-        let (v, r) = store.sweep_shard(shard, now);
+        let (v, r) = store.sweep_shard(shard, fresh);
         visited += v;
         removed += r;
         on_removed(r);

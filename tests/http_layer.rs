@@ -537,7 +537,10 @@ async fn priority_by_plan_on_a_shared_limit() {
         rule: Some(0),
         client: ClientKey::Unidentified,
     };
-    assert!(!layer.limiter().peek(&global).is_allowed());
+    // The global rule's state (the default plan, `free`, is another rule: its own state).
+    let limiter = layer.limiter();
+    let plan = limiter.plan("global").unwrap();
+    assert!(!limiter.peek_in(&global, plan, 1).unwrap().is_allowed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,6 @@
 //! Models of the lock-free flat store's protocol, driven through the public `Limiter` API on a
-//! two-shard table: first insert of one key from two threads, check against sweep, check against
-//! spill (a key moving from its inline slot into the spill map), and reset against insert.
+//! two-shard table: first insert of one key from two threads, check against sweep, a compound
+//! charge's refund against a check of its first part, and reset against insert.
 //!
 //! Each model prints how many interleavings loom explored.
 
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
-use tollgate::{FakeClock, Limiter, Quota, StoreKind};
+use tollgate::{FakeClock, Limiter, Plan, Quota, StoreKind};
 
 /// Runs `f` under loom and prints the number of interleavings explored.
 fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
@@ -91,29 +91,50 @@ fn check_against_sweep() {
     });
 }
 
-/// A check against a spill of the same key (a zero-length penalty moves its state from the
-/// inline slot into an entry): exactly the burst is admitted across both paths.
+/// A two-part compound charge that its second part denies (so its first part is charged, then
+/// refunded) racing a check of that first part alone under another plan: the compound is denied,
+/// and the first part's state ends holding exactly the other check's charge, if it was admitted
+/// (it may be denied while the compound's charge is in, never admitted twice).
 #[test]
-fn check_against_spill() {
-    model("flat: check against spill", || {
+fn compound_refund_against_check() {
+    model("flat: compound refund against check", || {
         let clock = FakeClock::new();
-        let l = limiter(2, &clock);
-        assert!(l.check(&7).is_allowed());
+        let first = Quota::per_hour(1).burst(1);
+        let second = Quota::per_hour(2).burst(1);
+        let l = Arc::new(
+            Limiter::builder()
+                .plan("both", Plan::new([first, second]))
+                .plan("first", Plan::new([first]))
+                .plan("second", Plan::new([second]))
+                .store(StoreKind::Flat)
+                .shards(2)
+                .max_keys(4)
+                .clock(clock.clone())
+                .build()
+                .expect("valid model limiter"),
+        );
+        let (both, one, two) = (
+            l.plan("both").unwrap(),
+            l.plan("first").unwrap(),
+            l.plan("second").unwrap(),
+        );
+        assert!(l.check_in(&7, two, 1).unwrap().is_allowed()); // the second part is spent
+        assert!(l.peek_in(&7, one, 1).unwrap().is_allowed());
+        let compound = {
+            let l = l.clone();
+            thread::spawn(move || l.check_in(&7, both, 1).unwrap().is_allowed())
+        };
         let checker = {
             let l = l.clone();
-            thread::spawn(move || l.check(&7).is_allowed())
+            thread::spawn(move || l.check_in(&7, one, 1).unwrap().is_allowed())
         };
-        let spiller = {
-            let l = l.clone();
-            thread::spawn(move || l.block(&7, Duration::ZERO))
-        };
-        assert!(checker.join().unwrap(), "one unit was left");
-        assert!(spiller.join().unwrap());
-        assert!(
-            !l.check(&7).is_allowed(),
-            "the bucket of 2 is spent, wherever it lives"
+        assert!(!compound.join().unwrap(), "the second part denies");
+        let admitted = checker.join().unwrap();
+        let left = l.peek_in(&7, one, 1).unwrap().is_allowed();
+        assert_eq!(
+            left, !admitted,
+            "the first part holds the check's charge and nothing of the refunded one"
         );
-        assert_eq!(l.len(), 1);
     });
 }
 

@@ -23,6 +23,26 @@ pub(crate) enum Mode {
     /// Admit for a later moment, at most this many ns away (bucket algorithms; windows can only
     /// admit now).
     Reserve(u64),
+    /// Decide as [`Mode::Reserve`] would, charge nothing (a peek under a queue strategy).
+    PeekReserve(u64),
+}
+
+impl Mode {
+    /// True for the modes that charge nothing.
+    #[inline(always)]
+    pub(crate) fn is_peek(self) -> bool {
+        matches!(self, Mode::Peek | Mode::PeekReserve(_))
+    }
+
+    /// The charging mode whose decision a peek previews.
+    #[inline(always)]
+    pub(crate) fn previewed(self) -> Mode {
+        match self {
+            Mode::Peek => Mode::Check,
+            Mode::PeekReserve(max_delay) => Mode::Reserve(max_delay),
+            m => m,
+        }
+    }
 }
 
 /// The result of applying a call to a cell.
@@ -190,8 +210,8 @@ pub(crate) fn apply_inline(
     headroom: u64,
     mode: Mode,
 ) -> Option<Applied> {
-    if mode == Mode::Peek {
-        let step = decide_word(word, now, cost, rule, headroom, Mode::Check);
+    if mode.is_peek() {
+        let step = decide_word(word, now, cost, rule, headroom, mode.previewed());
         return Some(Applied {
             decision: step.decision,
             token: None,
@@ -227,12 +247,93 @@ pub(crate) fn apply_inline(
             (decision, retries)
         }
     };
-    // No refund token: inline keys are never part of a cross-key compound limit (those spill).
+    // No refund token: a part that may need one is charged through `apply_inline_part`.
     Some(Applied {
         decision,
         token: None,
         retries,
     })
+}
+
+/// [`apply_inline`] for one part of a compound charge: the same decision, with the refund token
+/// [`refund_inline`] needs to take the charge back. `None` when the slot is no longer the key's.
+#[inline]
+pub(crate) fn apply_inline_part(
+    slot: &Inline<'_>,
+    word: u64,
+    now: u64,
+    cost: u64,
+    rule: &Rule,
+    headroom: u64,
+    mode: Mode,
+) -> Option<Applied> {
+    if mode.is_peek() {
+        return apply_inline(slot, word, now, cost, rule, headroom, mode);
+    }
+    let (decision, written, retries) = update_word_from(slot, word, |s| {
+        decide_word(s, now, cost, rule, headroom, mode)
+    })?;
+    Some(Applied {
+        decision,
+        token: written.map(|s| token_of(rule.kind, s)),
+        retries,
+    })
+}
+
+/// Takes back from an inline slot a charge that [`apply_inline_part`] admitted (`token`),
+/// starting from `word`, read with the slot's tag. `None` when the slot is no longer the key's
+/// (it was reset or removed: then there is nothing left to take back).
+#[inline]
+pub(crate) fn refund_inline(
+    slot: &Inline<'_>,
+    word: u64,
+    cost: u64,
+    rule: &Rule,
+    token: u64,
+    now: u64,
+) -> Option<()> {
+    update_word_from(slot, word, |s| refund_step(s, cost, rule, token, now)).map(drop)
+}
+
+/// The refund token of a word charge that wrote `written`: what [`refund_step`] needs to take
+/// back only what of the charge is left.
+#[inline]
+pub(crate) fn token_of(kind: Kind, written: u64) -> u64 {
+    match kind {
+        Kind::Fixed => algo::fixed::token(written),
+        Kind::Sliding => algo::sliding::token(written),
+        // The TAT this charge wrote: a refund takes back only what of it is left.
+        _ => written,
+    }
+}
+
+/// The pure refund of a word cell: a step that always writes.
+#[inline]
+fn refund_step(s: u64, cost: u64, rule: &Rule, token: u64, now: u64) -> Step<u64> {
+    let next = match rule.kind {
+        Kind::Gcra => algo::gcra::refund(s, cost, rule, token, now),
+        Kind::Fixed => algo::fixed::refund(s, cost, token),
+        Kind::Sliding => algo::sliding::refund(s, cost, token),
+        Kind::Log => s,
+    };
+    Step {
+        decision: Decision::denied(crate::Reason::Within, 0),
+        next: Some(next),
+    }
+}
+
+/// A word state of rule `old` carried over to rule `new` at `now` (a plan change; see the
+/// limiter's docs for the rule). A word of another algorithm starts fresh.
+pub(crate) fn migrate_word(state: u64, now: u64, old: &Rule, new: &Rule) -> u64 {
+    if old.kind != new.kind {
+        return 0;
+    }
+    match new.kind {
+        Kind::Gcra => algo::gcra::migrate(state, now, old, new),
+        Kind::Fixed => algo::fixed::migrate(state, now, old, new),
+        Kind::Sliding => algo::sliding::migrate(state, now, old, new),
+        Kind::Log => 0,
+    }
 }
 
 /// [`swap_loop`] on `step`'s next state only (the unused fields of its decision compile away),
@@ -277,10 +378,10 @@ impl Cell {
     ) -> Applied {
         match self {
             Cell::Word(word) => {
-                if mode == Mode::Peek {
+                if mode.is_peek() {
                     // Acquire: see `update`.
                     let state = word.load(Ordering::Acquire);
-                    let step = decide_word(state, now, cost, rule, headroom, Mode::Check);
+                    let step = decide_word(state, now, cost, rule, headroom, mode.previewed());
                     return Applied {
                         decision: step.decision,
                         token: None,
@@ -289,12 +390,7 @@ impl Cell {
                 }
                 let (decision, written, retries) =
                     update(word, |s| decide_word(s, now, cost, rule, headroom, mode));
-                let token = written.map(|s| match rule.kind {
-                    Kind::Fixed => algo::fixed::token(s),
-                    Kind::Sliding => algo::sliding::token(s),
-                    // The TAT this charge wrote: a refund takes back only what of it is left.
-                    _ => s,
-                });
+                let token = written.map(|s| token_of(rule.kind, s));
                 Applied {
                     decision,
                     token,
@@ -304,7 +400,7 @@ impl Cell {
             Cell::Log(log) => {
                 // Contention: one short critical section per call on this key.
                 let mut log = lock(log);
-                if mode != Mode::Peek {
+                if !mode.is_peek() {
                     // A peek writes nothing, not even expiry (the clock may later step back).
                     log.expire(now, rule.period);
                 }
@@ -326,18 +422,7 @@ impl Cell {
     pub(crate) fn refund(&self, cost: u64, rule: &Rule, token: u64, now: u64) {
         match self {
             Cell::Word(word) => {
-                let _ = update(word, |s| {
-                    let next = match rule.kind {
-                        Kind::Gcra => algo::gcra::refund(s, cost, rule, token, now),
-                        Kind::Fixed => algo::fixed::refund(s, cost, token),
-                        Kind::Sliding => algo::sliding::refund(s, cost, token),
-                        Kind::Log => s,
-                    };
-                    Step {
-                        decision: Decision::denied(crate::Reason::Within, 0),
-                        next: Some(next),
-                    }
-                });
+                let _ = update(word, |s| refund_step(s, cost, rule, token, now));
             }
             Cell::Log(log) => lock(log).refund(token, cost),
         }
@@ -361,15 +446,9 @@ impl Cell {
         }
         match self {
             Cell::Word(word) => {
-                // Acquire: see `update`. Migration runs under the store's exclusive access.
+                // Acquire: see `update`.
                 let s = word.load(Ordering::Acquire);
-                let next = match new.kind {
-                    Kind::Gcra => algo::gcra::migrate(s, now, old, new),
-                    Kind::Fixed => algo::fixed::migrate(s, now, old, new),
-                    Kind::Sliding => algo::sliding::migrate(s, now, old, new),
-                    Kind::Log => 0,
-                };
-                Cell::Word(AtomicU64::new(next))
+                Cell::Word(AtomicU64::new(migrate_word(s, now, old, new)))
             }
             Cell::Log(log) => {
                 let mut copy = lock(log).clone();
@@ -406,21 +485,9 @@ pub(crate) fn word_is_fresh_as(kind: Kind, state: u64, now: u64, rule: &Rule) ->
     }
 }
 
-/// The pure step for a word cell that is fresh (a new key's first call).
-#[inline]
-pub(crate) fn decide_fresh(
-    now: u64,
-    cost: u64,
-    rule: &Rule,
-    headroom: u64,
-    mode: Mode,
-) -> Step<u64> {
-    decide_word(0, now, cost, rule, headroom, mode)
-}
-
 /// The pure step for a word cell.
 #[inline(always)]
-fn decide_word(
+pub(crate) fn decide_word(
     state: u64,
     now: u64,
     cost: u64,

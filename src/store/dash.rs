@@ -1,20 +1,26 @@
-//! The first store: a `DashMap` (sharded `RwLock<HashMap>`) with ahash and a per-process random
-//! seed, so nobody can aim hash collisions at one shard.
+//! The comparison store: a `DashMap` (sharded `RwLock<HashMap>`) from (key, rule) to a cell, with
+//! ahash and a per-process random seed, so nobody can aim hash collisions at one shard.
 //!
-//! Contention: a check of an existing key takes its shard's read lock (a shared counter write);
-//! inserting, removing, migrating and sweeping take the shard's write lock.
+//! Contention: a check of an existing state takes its shard's read lock (a shared counter
+//! write); inserting, removing and sweeping take the shard's write lock. A lookup builds the
+//! `(key, rule)` pair, so it clones the key (free for integers and addresses, an allocation for
+//! strings): this store is the baseline the flat store is measured against.
 
 use std::hash::Hash;
 
 use dashmap::DashMap;
 
-use super::{Entry, Full, OnFull, Store};
+use super::{Fresh, Full, OnFull, RuleId, Store};
+
+/// Shards an eviction looks in: the new state's and the next ones.
+const EVICT_SHARDS: usize = 4;
+use crate::cell::Cell;
 use crate::sync::{AtomicUsize, Ordering};
 
-/// `DashMap<K, Entry>` with a cap.
+/// `DashMap<(K, RuleId), Cell>` with a cap.
 pub(crate) struct DashStore<K> {
-    map: DashMap<K, Entry, ahash::RandomState>,
-    /// Keys held or being inserted; never above `max_keys`.
+    map: DashMap<(K, RuleId), Cell, ahash::RandomState>,
+    /// States held or being inserted; never above `max_keys`.
     len: AtomicUsize,
     max_keys: usize,
     on_full: OnFull,
@@ -37,19 +43,28 @@ impl<K: Hash + Eq + Clone> DashStore<K> {
         super::take_slot(&self.len, self.max_keys)
     }
 
-    /// Removes one entry of `key`'s shard for which `evictable` holds.
-    fn evict_one(&self, key: &K, mut evictable: impl FnMut(&Entry) -> bool) -> bool {
-        let shard = self.map.determine_map(key);
+    /// Removes one state for which `fresh` holds, from `key`'s shard or the next
+    /// [`EVICT_SHARDS`]` - 1` (as the flat store looks).
+    fn evict_one(&self, key: &(K, RuleId), fresh: Fresh<'_>) -> bool {
+        let first = self.map.determine_map(key);
+        let n = self.map.shards().len();
+        (0..EVICT_SHARDS.min(n)).any(|i| self.evict_in((first + i) % n, fresh))
+    }
+
+    /// Removes one state of shard `shard` for which `fresh` holds.
+    fn evict_in(&self, shard: usize, fresh: Fresh<'_>) -> bool {
         let mut table = self.map.shards()[shard].write();
         // SAFETY: we hold the shard's write lock, so the table is not used concurrently; the
         // bucket comes from this table's own iterator and is erased at most once, after which the
         // loop ends (hashbrown's own `retain` erases during iteration the same way).
         unsafe {
             for bucket in table.iter() {
-                if evictable(bucket.as_ref().1.get()) {
+                let ((_, rule), cell) = bucket.as_ref();
+                if fresh.cell(*rule, cell.get()) {
                     table.erase(bucket);
                     // Relaxed: see `reserve_slot`.
                     self.len.fetch_sub(1, Ordering::Relaxed);
+                    fresh.evicted();
                     return true;
                 }
             }
@@ -60,26 +75,28 @@ impl<K: Hash + Eq + Clone> DashStore<K> {
 
 impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for DashStore<K> {
     #[inline]
-    fn with<R>(&self, key: &K, f: impl FnOnce(&Entry) -> R) -> Option<R> {
-        self.map.get(key).map(|e| f(&e))
+    fn with<R>(&self, key: &K, rule: RuleId, f: impl FnOnce(&Cell) -> R) -> Option<R> {
+        self.map.get(&(key.clone(), rule)).map(|e| f(&e))
     }
 
     #[inline]
     fn with_or_insert<R>(
         &self,
         key: &K,
-        make: impl FnOnce() -> Entry,
-        mut evictable: impl FnMut(&Entry) -> bool,
-        f: impl FnOnce(&Entry) -> R,
+        rule: RuleId,
+        make: impl FnOnce() -> Cell,
+        fresh: Fresh<'_>,
+        f: impl FnOnce(&Cell) -> R,
     ) -> Result<R, Full> {
-        if let Some(e) = self.map.get(key) {
+        let key = (key.clone(), rule);
+        if let Some(e) = self.map.get(&key) {
             return Ok(f(&e));
         }
         let mut reserved = self.reserve_slot();
-        if !reserved && self.on_full == OnFull::EvictFresh && self.evict_one(key, &mut evictable) {
+        if !reserved && self.on_full == OnFull::EvictFresh && self.evict_one(&key, fresh) {
             reserved = self.reserve_slot();
         }
-        match self.map.entry(key.clone()) {
+        match self.map.entry(key) {
             dashmap::Entry::Occupied(e) => {
                 if reserved {
                     // Relaxed: see `reserve_slot`.
@@ -96,16 +113,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for DashStore<K> {
         }
     }
 
-    fn replace(&self, key: &K, f: impl FnOnce(&Entry) -> Option<Entry>) {
-        if let Some(mut e) = self.map.get_mut(key) {
-            if let Some(next) = f(&e) {
-                *e = next;
-            }
-        }
-    }
-
-    fn remove(&self, key: &K) -> bool {
-        let removed = self.map.remove(key).is_some();
+    fn remove(&self, key: &K, rule: RuleId) -> bool {
+        let removed = self.map.remove(&(key.clone(), rule)).is_some();
         if removed {
             // Relaxed: see `reserve_slot`.
             self.len.fetch_sub(1, Ordering::Relaxed);
@@ -117,7 +126,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for DashStore<K> {
         self.map.shards().len()
     }
 
-    fn sweep_shard(&self, shard: usize, now: u64) -> (usize, usize) {
+    fn sweep_shard(&self, shard: usize, fresh: Fresh<'_>) -> (usize, usize) {
         let Some(lock) = self.map.shards().get(shard) else {
             return (0, 0);
         };
@@ -129,7 +138,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for DashStore<K> {
         // does the same).
         unsafe {
             for bucket in table.iter() {
-                if bucket.as_ref().1.get().is_fresh(now) {
+                let ((_, rule), cell) = bucket.as_ref();
+                if fresh.cell(*rule, cell.get()) {
                     table.erase(bucket);
                     removed += 1;
                 }
@@ -150,7 +160,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for DashStore<K> {
         self.map.shards().get(shard).map_or(0, |s| s.read().len())
     }
 
-    fn sum_entries(&self, mut f: impl FnMut(&Entry) -> usize) -> usize {
+    fn sum_cells(&self, mut f: impl FnMut(&Cell) -> usize) -> usize {
         self.map.iter().map(|e| f(e.value())).sum()
     }
 }

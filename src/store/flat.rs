@@ -8,14 +8,16 @@
 //! |---|---|---|
 //! | `0` (`EMPTY`) | never used; a probe stops here | 0 |
 //! | `1` (`TOMB`) | removed; a probe goes on; an insert may reuse it | 0 |
-//! | `fp \| 0b10` (`INLINE`) | a key whose state is this word, under the store's rule | the cell |
-//! | `fp \| 0b11` (`SPILLED`) | a key whose state is an [`Entry`] in its shard's spill map | 0 |
+//! | `fp \| 0b10` (`INLINE`) | a (key, rule) whose state is this word | the cell |
+//! | `fp \| 0b11` (`SPILLED`) | a (key, rule) whose state is a [`Cell`] in its shard's spill map | 0 |
 //!
-//! `fp` is the key's 64-bit hash (ahash, random seed per store) with its two low bits cleared:
-//! keys are not stored in slots, so two keys whose 62 fingerprint bits are equal share one
-//! limit. With `n` keys the chance that any two of them do is about `n^2 / 2^63` (1e-7 at one
-//! million keys), the seed is secret, so nobody can aim for it, and the effect is bounded: the
-//! two keys share a bucket, neither gains a permit.
+//! `fp` is the (key, rule) hash ([`rule_hash`]: the key's ahash under a random seed per store,
+//! mixed with the rule's id, which then fills bits 2..10) with its two low bits cleared. So a
+//! slot's tag says which rule its word runs under (the sweep reads it there), two rules of one
+//! key never share a slot, and keys are not stored: two keys whose 54 free fingerprint bits
+//! are equal share one state of that rule. With `n` states of a rule the chance that any two
+//! do is about `n^2 / 2^55` (3e-5 at one million), the seed is secret, so nobody can aim for
+//! it, and the effect is bounded: the two keys share a bucket, neither gains a permit.
 //!
 //! A slot is read and swapped as one 16-byte atomic ([`AtomicPair`]), so a swap that expects
 //! `(tag, state)` fails once the slot was removed or reused by another key: there is no ABA,
@@ -23,18 +25,16 @@
 //!
 //! # What lives where
 //!
-//! The word holds the state of a key checked under one rule: the single word-cell quota of the
-//! limiter's default plan when it was built (`rules`). A key that needs more (a penalty from
-//! `block`, another plan's rules, a cross-key compound limit) is *spilled*: under its shard's
-//! write lock, its slot turns `SPILLED` and its state moves into an [`Entry`] in the shard's
-//! spill map (a `RwLock<HashMap>`), where the limiter's generic entry path serves it. A spilled
-//! key stays spilled until its entry is swept (then the marker goes too, and the key is new).
+//! Every word-cell rule (token and leaky bucket, fixed window, sliding counter) of every plan
+//! keeps its (key, rule) state inline, whatever plans share it. A sliding log cannot fit a word:
+//! its slot is a `SPILLED` marker and its state a [`Cell`] in the shard's spill map (a
+//! `RwLock<HashMap>` keyed by (key, rule)), until it is swept (then the marker goes too).
 //!
 //! # Locking
 //!
 //! - Check, peek, reset or sweep of an inline key: no lock (a load and a compare-and-swap).
-//! - Spilled keys: the shard's read lock to check, its write lock to insert or migrate.
-//! - Claiming a slot for a new key, spilling, and removing markers: the shard's write lock, so
+//! - Spilled states (logs): the shard's read lock to check, its write lock to insert.
+//! - Claiming a slot for a new state and removing markers: the shard's write lock, so
 //!   no two slots ever hold one fingerprint, a free slot has one writer at a time (so a claim is
 //!   a plain 16-byte store, not a swap), and a marker never vanishes under a check that is
 //!   inserting its entry.
@@ -55,14 +55,12 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 
-use super::{Cells, Entry, Full, OnFull, Rules, Store};
+use super::{Fresh, Full, OnFull, RuleId, Store, rule_hash, rule_of};
 use crate::cell::Cell;
-use crate::quota::Kind;
-use crate::sync::{self, AtomicPair, AtomicU8, AtomicU64, AtomicUsize, Ordering, RwLock};
+use crate::sync::{self, AtomicPair, AtomicU8, AtomicUsize, Ordering, RwLock};
 
 /// Slots per probe group: 4 x 16 bytes, one 64-byte cache line.
 const GROUP: usize = 4;
@@ -186,14 +184,17 @@ struct Free<'a> {
     distance: usize,
 }
 
+/// A shard's spilled states, by (key, rule).
+type Spill<K> = HashMap<(K, RuleId), Cell, ahash::RandomState>;
+
 struct Shard<K> {
     /// This shard's groups: `table[start..start + per_shard]`.
     start: usize,
     /// Groups a lookup scans at most: one more than the farthest from its home group that any
     /// key of this shard was ever placed. Only raised, under `spill`'s write lock.
     reach: AtomicUsize,
-    /// Entries of spilled keys. Its write lock also serialises slot claims and marker removal.
-    spill: CachePadded<RwLock<HashMap<K, Entry, ahash::RandomState>>>,
+    /// Cells of spilled states. Its write lock also serialises slot claims and marker removal.
+    spill: CachePadded<RwLock<Spill<K>>>,
 }
 
 /// The lock-free store (see the module docs).
@@ -206,8 +207,6 @@ pub(crate) struct FlatStore<K> {
     shard_shift: u32,
     /// Groups in each shard (every shard has as many).
     per_shard: usize,
-    /// The rules whose single word cell lives inline.
-    rules: Arc<Rules>,
     /// Slots taken (inline keys and markers); never above `max_keys`.
     len: CachePadded<AtomicUsize>,
     max_keys: usize,
@@ -224,15 +223,9 @@ pub(crate) struct FlatStore<K> {
 }
 
 impl<K: Hash + Eq + Clone> FlatStore<K> {
-    /// A store for at most `max_keys` keys in `shards` shards (a power of two, at least 2), whose
-    /// inline words run under `rules` (one word-cell part). `None` when a table that large
-    /// cannot be mapped (a `max_keys` meant as "unbounded", say).
-    pub(crate) fn new(
-        shards: usize,
-        max_keys: usize,
-        on_full: OnFull,
-        rules: Arc<Rules>,
-    ) -> Option<Self> {
+    /// A store for at most `max_keys` states in `shards` shards (a power of two, at least 2).
+    /// `None` when a table that large cannot be mapped (a `max_keys` meant as "unbounded", say).
+    pub(crate) fn new(shards: usize, max_keys: usize, on_full: OnFull) -> Option<Self> {
         let shards = shards.max(2).next_power_of_two();
         let per_shard = max_keys.div_ceil(shards);
         // Slack for a shard that draws more than its share: two standard deviations of a
@@ -257,7 +250,6 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                 .collect(),
             shard_shift: 64 - shards.trailing_zeros(),
             per_shard: groups,
-            rules,
             len: CachePadded::new(AtomicUsize::new(0)),
             max_keys,
             on_full,
@@ -268,38 +260,22 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         })
     }
 
-    /// Sweeps `shard`'s inline keys, with no lock: each removal is a swap that fails if a charge
-    /// landed first. An inline key is its word under the store's one rule: fresh when the word
-    /// is. Returns (visited, removed, whether any slot is a spilled key's marker, the pass
-    /// counts the removals owe: see [`Uncounts`]).
+    /// Sweeps `shard`'s inline states, with no lock: each removal is a swap that fails if a
+    /// charge landed first. A state is fresh when its word is, under the rule its tag names.
+    /// Returns (visited, removed, whether any slot is a spilled state's marker, the pass counts
+    /// the removals owe: see [`Uncounts`]).
     ///
     /// Where the CPU has RTM, the removals go in batches of [`RTM_BATCH`], each one transaction
     /// (one swap at a time if it aborts), where a `lock cmpxchg16b` per removal was most of a
-    /// sweep that removes every key. One thread, 1M keys, a sweep right after the fill: removing
-    /// every key 10.2-10.4 -> 6.3 ns a key (plain stores, which would be wrong, take 5.8-6.7:
-    /// the rest is writing the table back); visiting unchanged at 4.4-4.6; 100k keys in a table
-    /// for 1M, removing them all 3.5 -> 3.1-3.3 ms. A branch-free loop that sorted each line's
-    /// four slots into masks took half the instructions and was faster on a table swept
-    /// before, but tripled that sparse sweep right after a fill (its loads stalled).
+    /// sweep that removes every key.
     #[inline(always)]
     fn sweep_inline(
         &self,
         shard: &Shard<K>,
-        now: u64,
+        fresh: Fresh<'_>,
         load: impl sync::PairLoad,
     ) -> (usize, usize, bool, Uncounts) {
-        let rule = &self.rules.parts[0];
-        match rule.kind {
-            // The default algorithm's loop has its test inline, one compare a key: with the
-            // match inside, it was an indirect jump per key, since the loop's swaps and
-            // transactions make the compiler reload the rule every time.
-            Kind::Gcra => self.sweep_slots(shard, load, |word| {
-                crate::cell::word_is_fresh_as(Kind::Gcra, word, now, rule)
-            }),
-            kind => self.sweep_slots(shard, load, |word| {
-                crate::cell::word_is_fresh_as(kind, word, now, rule)
-            }),
-        }
+        self.sweep_slots(shard, load, |t, word| fresh.word(rule_of(t), word))
     }
 
     /// [`sweep_inline`](Self::sweep_inline)'s loop, for the freshness test `fresh`.
@@ -308,7 +284,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         &self,
         shard: &Shard<K>,
         load: impl sync::PairLoad,
-        fresh: impl Fn(u64) -> bool,
+        fresh: impl Fn(u64, u64) -> bool,
     ) -> (usize, usize, bool, Uncounts) {
         let (mut visited, mut removed, mut markers) = (0, 0, false);
         let mut uncounts = Uncounts::new();
@@ -328,7 +304,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                     continue;
                 }
                 visited += 1;
-                if !fresh(word) {
+                if !fresh(t, word) {
                     continue;
                 }
                 // A swap from what we read: it fails if a charge landed since (see `evict_one`).
@@ -503,12 +479,6 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                 (t != EMPTY && t != TOMB && t & !KIND == hash & !KIND).then_some((d, j == first))
             })
         })
-    }
-
-    /// The rules served inline.
-    #[inline]
-    pub(crate) fn rules(&self) -> &Arc<Rules> {
-        &self.rules
     }
 
     #[inline]
@@ -810,6 +780,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
 
     /// Claims a slot for a new key (under `shard`'s write lock), honouring the cap and the
     /// `OnFull` policy. Writes `(tag, word)`.
+    #[allow(clippy::too_many_arguments)]
     fn claim<'a>(
         &'a self,
         shard: &Shard<K>,
@@ -817,10 +788,13 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         kind: u64,
         word: u64,
         mut free: Option<Free<'a>>,
-        evictable: &mut dyn FnMut(&Entry) -> bool,
+        fresh: Fresh<'_>,
+        spill: &mut Spill<K>,
     ) -> Result<(), Full> {
         if !self.reserve() {
-            if !(self.on_full == OnFull::EvictFresh && self.evict_one(hash, evictable)) {
+            let evicted = self.on_full == OnFull::EvictFresh
+                && (self.evict_one(hash, fresh) || self.evict_spilled(shard, fresh, spill));
+            if !evicted {
                 return Err(Full);
             }
             if !self.reserve() {
@@ -852,12 +826,11 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         Ok(())
     }
 
-    /// Evicts one inline key for which `evictable` holds, among the [`EVICT_GROUPS`] groups from
+    /// Evicts one inline state that is `fresh`, among the [`EVICT_GROUPS`] groups from
     /// the new key's home position in its shard and in the next [`EVICT_SHARDS`]` - 1` shards;
     /// true if one went. Bounded, so a flood of new keys at a full table of live keys costs
     /// each a few dozen cache lines, not a scan of a shard.
-    fn evict_one(&self, hash: u64, evictable: &mut dyn FnMut(&Entry) -> bool) -> bool {
-        let view = self.view(0);
+    fn evict_one(&self, hash: u64, fresh: Fresh<'_>) -> bool {
         // The new key's shard first, then the next few: a removal is a lock-free swap, so a
         // victim may come from a shard whose lock we do not hold.
         let first = (hash >> self.shard_shift) as usize;
@@ -886,10 +859,9 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                 if displaced.is_some() && !mine {
                     continue;
                 }
-                view.set_word(word);
                 // AcqRel: the removal is ordered with every charge of the slot: if a charge
                 // lands first, this swap fails (the state is no longer `word`).
-                if evictable(&view)
+                if fresh.word(rule_of(t), word)
                     && slot
                         .compare_exchange((t, word), (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
                         .is_ok()
@@ -898,11 +870,76 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                         self.uncount_passes(own, d);
                     }
                     self.release(1);
+                    fresh.evicted();
                     return true;
                 }
             }
         }
         false
+    }
+
+    /// Evicts one spilled state of `shard` that is `fresh`, with its marker unless another state
+    /// of the same fingerprint keeps it, looking at [`EVICT_GROUPS`]` * 4` cells at most. Under
+    /// `shard`'s write lock (`spill` is its map); true if one went.
+    fn evict_spilled(&self, shard: &Shard<K>, fresh: Fresh<'_>, spill: &mut Spill<K>) -> bool {
+        let victim = spill
+            .iter()
+            .take(EVICT_GROUPS * GROUP)
+            .find(|((_, rule), cell)| fresh.cell(*rule, cell))
+            .map(|(k, _)| k.clone());
+        let Some(victim) = victim else {
+            return false;
+        };
+        spill.remove(&victim);
+        let hash = rule_hash(self.hash(&victim.0), victim.1);
+        if !self.fingerprints(spill).contains(&tag(hash, SPILLED)) {
+            if let Ok((slot, seen)) = self.probe_locked(shard, hash) {
+                // AcqRel: as every removal; markers change only under this lock.
+                if slot
+                    .compare_exchange(seen, (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    if let Some(d) = self.displaced(seen.0, slot) {
+                        self.uncount_passes(shard, d);
+                    }
+                    self.release(1);
+                    fresh.evicted();
+                    return true;
+                }
+            }
+        }
+        // The marker stays (another state of its fingerprint): no slot of the cap came free.
+        false
+    }
+
+    /// Removes the inline state hashed to `hash`, if it holds `expect` (any word: `None`).
+    /// `Some(true)` when removed, `Some(false)` when absent or holding another word, `None` when
+    /// it is not inline (the caller looks again).
+    pub(crate) fn remove_if(&self, hash: u64, expect: Option<u64>) -> Option<bool> {
+        let shard = self.shard(hash);
+        loop {
+            let Found::Inline { slot, tag: t, word } = self.find(hash) else {
+                return match self.find(hash) {
+                    Found::Absent => Some(false),
+                    _ => None,
+                };
+            };
+            if expect.is_some_and(|w| w != word) {
+                return Some(false);
+            }
+            // AcqRel: see `evict_one`; a charge landing first makes us look again.
+            if slot
+                .compare_exchange((t, word), (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                if let Some(d) = self.displaced(t, slot) {
+                    let _counts = sync::write(&shard.spill);
+                    self.uncount_passes(shard, d);
+                }
+                self.release(1);
+                return Some(true);
+            }
+        }
     }
 
     /// True when a new key would certainly be refused: the table is at the cap and the policy
@@ -915,183 +952,118 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         self.on_full == OnFull::Deny && self.len.load(Ordering::Relaxed) >= self.max_keys
     }
 
-    /// Inserts the key hashed to `hash` as an inline key holding `first` (a fresh key's state
-    /// after its first call, so insertion and first charge are one write). `Ok(false)` when the
-    /// key turned out to be present already (the caller looks it up again); `Err(Full)` at the
-    /// cap when nothing may be evicted.
+    /// Inserts the (key, rule) hashed to `hash` as an inline state holding `first` (a fresh
+    /// state after its first call, so insertion and first charge are one write). `Ok(false)`
+    /// when it turned out to be present already (the caller looks it up again); `Err(Full)` at
+    /// the cap when nothing may be evicted.
     pub(crate) fn insert_inline(
         &self,
         hash: u64,
         first: u64,
-        mut evictable: impl FnMut(&Entry) -> bool,
+        fresh: Fresh<'_>,
     ) -> Result<bool, Full> {
         let shard = self.shard(hash);
-        let _claims = sync::write(&shard.spill);
+        let mut claims = sync::write(&shard.spill);
         match self.probe_locked(shard, hash) {
             Ok(_) => Ok(false),
             Err(free) => self
-                .claim(shard, hash, INLINE, first, free, &mut evictable)
+                .claim(shard, hash, INLINE, first, free, fresh, &mut claims)
                 .map(|()| true),
         }
     }
 
-    /// An entry under the inline rules holding `word`: the form a spilled inline key takes, and
-    /// the view given to callbacks that judge entries.
-    fn view(&self, word: u64) -> Entry {
-        Entry {
-            rules: Arc::clone(&self.rules),
-            id: 0,
-            blocked_until: AtomicU64::new(0),
-            cells: Cells::One(Cell::Word(AtomicU64::new(word))),
-        }
-    }
-
-    /// Calls `f` on the key's spilled entry if there is one (under the shard's read lock).
-    fn with_spilled<R>(&self, shard: &Shard<K>, key: &K, f: impl FnOnce(&Entry) -> R) -> Option<R> {
-        sync::read(&shard.spill).get(key).map(f)
-    }
-
-    /// The fingerprints of `map`'s keys, sorted (to tell which markers still have entries).
-    fn fingerprints(&self, map: &HashMap<K, Entry, ahash::RandomState>) -> Vec<u64> {
-        let mut fps: Vec<u64> = map.keys().map(|k| tag(self.hash(k), SPILLED)).collect();
+    /// The fingerprints of `map`'s states, sorted (to tell which markers still have cells).
+    fn fingerprints(&self, map: &Spill<K>) -> Vec<u64> {
+        let mut fps: Vec<u64> = map
+            .keys()
+            .map(|(k, rule)| tag(rule_hash(self.hash(k), *rule), SPILLED))
+            .collect();
         fps.sort_unstable();
         fps
     }
 }
 
-impl Entry {
-    /// Sets the word of a single-word entry (only on views built by the flat store).
-    fn set_word(&self, word: u64) {
-        if let [Cell::Word(w)] = self.cells() {
-            // Relaxed: a view is private to the thread that built it.
-            w.store(word, Ordering::Relaxed);
-        }
-    }
-}
-
 impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
-    fn with<R>(&self, key: &K, f: impl FnOnce(&Entry) -> R) -> Option<R> {
-        let hash = self.hash(key);
+    /// The spill map's cell of (`key`, `rule`) (a word-cell rule's state is inline: the limiter
+    /// reads it with [`find`](FlatStore::find), not here).
+    fn with<R>(&self, key: &K, rule: RuleId, f: impl FnOnce(&Cell) -> R) -> Option<R> {
+        let hash = rule_hash(self.hash(key), rule);
         match self.find(hash) {
-            Found::Inline { word, .. } => Some(f(&self.view(word))),
-            Found::Spilled => self.with_spilled(self.shard(hash), key, f),
-            Found::Absent => None,
+            Found::Spilled => sync::read(&self.shard(hash).spill)
+                .get(&(key.clone(), rule))
+                .map(f),
+            Found::Inline { .. } | Found::Absent => None,
         }
     }
 
-    /// The entry path: makes sure the key is spilled (moving an inline key's word into an entry,
-    /// or inserting `make()`), then runs `f` on its entry.
+    /// The spill path (sliding logs): makes sure (`key`, `rule`) has a marker and a cell
+    /// (inserting `make()`), then runs `f` on its cell.
     fn with_or_insert<R>(
         &self,
         key: &K,
-        make: impl FnOnce() -> Entry,
-        mut evictable: impl FnMut(&Entry) -> bool,
-        f: impl FnOnce(&Entry) -> R,
+        rule: RuleId,
+        make: impl FnOnce() -> Cell,
+        fresh: Fresh<'_>,
+        f: impl FnOnce(&Cell) -> R,
     ) -> Result<R, Full> {
-        let hash = self.hash(key);
+        let hash = rule_hash(self.hash(key), rule);
         let shard = self.shard(hash);
+        let key = (key.clone(), rule);
         if let Found::Spilled = self.find(hash) {
             // Contention: the shard's read lock (a shared counter write), as in the dash store.
             let map = sync::read(&shard.spill);
-            if let Some(e) = map.get(key) {
-                return Ok(f(e));
+            if let Some(c) = map.get(&key) {
+                return Ok(f(c));
             }
         }
         let mut map = sync::write(&shard.spill);
-        if !map.contains_key(key) {
-            let entry = loop {
-                match self.probe_locked(shard, hash) {
-                    // A marker with no entry: the key is fresh.
-                    Ok((_, (t, _))) if t & KIND == SPILLED => break make(),
-                    Ok((slot, (t, word))) => {
-                        // AcqRel: ordered with every charge of the inline word: a charge that
-                        // lands first makes this fail and we read the new word; one that comes
-                        // after finds the marker and waits for this lock.
-                        if slot
-                            .compare_exchange(
-                                (t, word),
-                                (tag(hash, SPILLED), 0),
-                                Ordering::AcqRel,
-                                Ordering::Relaxed,
-                            )
-                            .is_ok()
-                        {
-                            let made = make();
-                            let e = self.view(word);
-                            break Entry { id: made.id, ..e };
-                        }
-                    }
-                    Err(free) => {
-                        self.claim(shard, hash, SPILLED, 0, free, &mut evictable)?;
-                        break make();
-                    }
-                }
-            };
-            map.insert(key.clone(), entry);
+        if !map.contains_key(&key) {
+            match self.probe_locked(shard, hash) {
+                // A marker with no cell (another key of this fingerprint went): start fresh.
+                Ok(_) => {}
+                Err(free) => self.claim(shard, hash, SPILLED, 0, free, fresh, &mut map)?,
+            }
+            map.insert(key.clone(), make());
         }
         Ok(f(map
-            .get(key)
+            .get(&key)
             .expect("inserted or present under the write lock")))
     }
 
-    fn replace(&self, key: &K, f: impl FnOnce(&Entry) -> Option<Entry>) {
-        let shard = self.shard(self.hash(key));
-        let mut map = sync::write(&shard.spill);
-        if let Some(e) = map.get_mut(key) {
-            if let Some(next) = f(e) {
-                *e = next;
-            }
-        }
-    }
-
-    fn remove(&self, key: &K) -> bool {
-        let hash = self.hash(key);
+    fn remove(&self, key: &K, rule: RuleId) -> bool {
+        let hash = rule_hash(self.hash(key), rule);
         let shard = self.shard(hash);
         loop {
             match self.find(hash) {
-                Found::Inline { slot, tag: t, word } => {
-                    // AcqRel: see `evict_one`; a charge landing first makes us retry.
-                    if slot
-                        .compare_exchange((t, word), (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
-                        .is_ok()
-                    {
-                        if let Some(d) = self.displaced(t, slot) {
-                            let _counts = sync::write(&shard.spill);
-                            self.uncount_passes(shard, d);
-                        }
-                        self.release(1);
-                        return true;
+                Found::Inline { .. } => {
+                    if let Some(removed) = self.remove_if(hash, None) {
+                        return removed;
                     }
                 }
                 Found::Absent => return false,
                 Found::Spilled => {
                     let mut map = sync::write(&shard.spill);
-                    map.remove(key);
+                    let had = map.remove(&(key.clone(), rule)).is_some();
                     let shared = self.fingerprints(&map).contains(&tag(hash, SPILLED));
-                    return match self.probe_locked(shard, hash) {
-                        Ok((slot, seen)) if seen.0 & KIND == SPILLED => {
-                            // Another key with this fingerprint keeps the marker.
-                            if !shared
-                                && slot
-                                    .compare_exchange(
-                                        seen,
-                                        (TOMB, 0),
-                                        Ordering::AcqRel,
-                                        Ordering::Relaxed,
-                                    )
-                                    .is_ok()
-                            {
-                                if let Some(d) = self.displaced(seen.0, slot) {
-                                    self.uncount_passes(shard, d);
-                                }
-                                self.release(1);
+                    if let Ok((slot, seen)) = self.probe_locked(shard, hash) {
+                        // Another key with this fingerprint keeps the marker.
+                        if !shared
+                            && slot
+                                .compare_exchange(
+                                    seen,
+                                    (TOMB, 0),
+                                    Ordering::AcqRel,
+                                    Ordering::Relaxed,
+                                )
+                                .is_ok()
+                        {
+                            if let Some(d) = self.displaced(seen.0, slot) {
+                                self.uncount_passes(shard, d);
                             }
-                            true
+                            self.release(1);
                         }
-                        // Turned inline or went between our lookups: look again.
-                        Ok(_) => continue,
-                        Err(_) => false,
-                    };
+                    }
+                    return had;
                 }
             }
         }
@@ -1101,26 +1073,26 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
         self.shards.len()
     }
 
-    fn sweep_shard(&self, shard: usize, now: u64) -> (usize, usize) {
+    fn sweep_shard(&self, shard: usize, fresh: Fresh<'_>) -> (usize, usize) {
         let Some(shard) = self.shards.get(shard) else {
             return (0, 0);
         };
         // One loop per load, picked here rather than once a slot.
         let (mut visited, mut removed, markers, uncounts) = match self.vmovdqa {
-            Some(load) => self.sweep_inline(shard, now, load),
-            None => self.sweep_inline(shard, now, sync::Dispatched),
+            Some(load) => self.sweep_inline(shard, fresh, load),
+            None => self.sweep_inline(shard, fresh, sync::Dispatched),
         };
         if !uncounts.is_empty() && !markers {
             let _counts = sync::write(&shard.spill);
             self.apply_uncounts(shard, &uncounts);
         }
         if markers {
-            // Spilled keys: their entries, then the markers left with no entry, under the write
-            // lock, so no check can be inserting the entry of a marker we remove.
+            // Spilled states: their cells, then the markers left with no cell, under the write
+            // lock, so no check can be inserting the cell of a marker we remove.
             let mut map = sync::write(&shard.spill);
             self.apply_uncounts(shard, &uncounts);
             visited += map.len();
-            map.retain(|_, e| !e.is_fresh(now));
+            map.retain(|(_, rule), cell| !fresh.cell(*rule, cell));
             let fps = self.fingerprints(&map);
             for group in self.groups(shard) {
                 for slot in &group.0 {
@@ -1161,7 +1133,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
         self.len.load(Ordering::Relaxed)
     }
 
-    fn sum_entries(&self, mut f: impl FnMut(&Entry) -> usize) -> usize {
+    fn sum_cells(&self, mut f: impl FnMut(&Cell) -> usize) -> usize {
         self.shards
             .iter()
             .map(|s| sync::read(&s.spill).values().map(&mut f).sum::<usize>())

@@ -11,15 +11,18 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use super::{Entry, Full, OnFull, Store};
+use super::{Fresh, Full, OnFull, RuleId, Store};
+use crate::cell::Cell;
 use crate::sync::{AtomicUsize, Ordering, RwLock};
+
+type Table<K> = HashMap<(K, RuleId), Cell>;
 
 /// Sharded `RwLock<HashMap>` with a cap, like `DashMap` plus the dash store's counter.
 pub(crate) struct LoomDashStore<K> {
-    shards: Box<[RwLock<HashMap<K, Entry>>]>,
+    shards: Box<[RwLock<Table<K>>]>,
     /// A fixed seed: loom replays every execution and needs the same shard choices each time.
     hasher: ahash::RandomState,
-    /// Keys held or being inserted; never above `max_keys`.
+    /// States held or being inserted; never above `max_keys`.
     len: AtomicUsize,
     max_keys: usize,
     on_full: OnFull,
@@ -38,7 +41,7 @@ impl<K: Hash + Eq + Clone> LoomDashStore<K> {
         }
     }
 
-    fn shard_of(&self, key: &K) -> &RwLock<HashMap<K, Entry>> {
+    fn shard_of(&self, key: &(K, RuleId)) -> &RwLock<Table<K>> {
         let i = (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1);
         &self.shards[i]
     }
@@ -48,17 +51,18 @@ impl<K: Hash + Eq + Clone> LoomDashStore<K> {
         super::take_slot(&self.len, self.max_keys)
     }
 
-    fn evict_one(&self, key: &K, mut evictable: impl FnMut(&Entry) -> bool) -> bool {
+    fn evict_one(&self, key: &(K, RuleId), fresh: Fresh<'_>) -> bool {
         let mut table = self.shard_of(key).write().unwrap();
         let victim = table
             .iter()
-            .find(|(_, e)| evictable(e))
+            .find(|((_, rule), cell)| fresh.cell(*rule, cell))
             .map(|(k, _)| k.clone());
         match victim {
             Some(k) => {
                 table.remove(&k);
                 // Relaxed: see `reserve_slot`.
                 self.len.fetch_sub(1, Ordering::Relaxed);
+                fresh.evicted();
                 true
             }
             None => false,
@@ -67,29 +71,32 @@ impl<K: Hash + Eq + Clone> LoomDashStore<K> {
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for LoomDashStore<K> {
-    fn with<R>(&self, key: &K, f: impl FnOnce(&Entry) -> R) -> Option<R> {
-        self.shard_of(key).read().unwrap().get(key).map(f)
+    fn with<R>(&self, key: &K, rule: RuleId, f: impl FnOnce(&Cell) -> R) -> Option<R> {
+        let key = (key.clone(), rule);
+        self.shard_of(&key).read().unwrap().get(&key).map(f)
     }
 
     fn with_or_insert<R>(
         &self,
         key: &K,
-        make: impl FnOnce() -> Entry,
-        mut evictable: impl FnMut(&Entry) -> bool,
-        f: impl FnOnce(&Entry) -> R,
+        rule: RuleId,
+        make: impl FnOnce() -> Cell,
+        fresh: Fresh<'_>,
+        f: impl FnOnce(&Cell) -> R,
     ) -> Result<R, Full> {
+        let key = (key.clone(), rule);
         {
-            let table = self.shard_of(key).read().unwrap();
-            if let Some(e) = table.get(key) {
+            let table = self.shard_of(&key).read().unwrap();
+            if let Some(e) = table.get(&key) {
                 return Ok(f(e));
             }
         }
         let mut reserved = self.reserve_slot();
-        if !reserved && self.on_full == OnFull::EvictFresh && self.evict_one(key, &mut evictable) {
+        if !reserved && self.on_full == OnFull::EvictFresh && self.evict_one(&key, fresh) {
             reserved = self.reserve_slot();
         }
-        let mut table = self.shard_of(key).write().unwrap();
-        if let Some(e) = table.get(key) {
+        let mut table = self.shard_of(&key).write().unwrap();
+        if let Some(e) = table.get(&key) {
             if reserved {
                 // Relaxed: see `reserve_slot`.
                 self.len.fetch_sub(1, Ordering::Relaxed);
@@ -99,21 +106,13 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for LoomDashStore<K> {
         if !reserved {
             return Err(Full);
         }
-        let e = table.entry(key.clone()).or_insert_with(make);
+        let e = table.entry(key).or_insert_with(make);
         Ok(f(e))
     }
 
-    fn replace(&self, key: &K, f: impl FnOnce(&Entry) -> Option<Entry>) {
-        let mut table = self.shard_of(key).write().unwrap();
-        if let Some(e) = table.get_mut(key) {
-            if let Some(next) = f(e) {
-                *e = next;
-            }
-        }
-    }
-
-    fn remove(&self, key: &K) -> bool {
-        let removed = self.shard_of(key).write().unwrap().remove(key).is_some();
+    fn remove(&self, key: &K, rule: RuleId) -> bool {
+        let key = (key.clone(), rule);
+        let removed = self.shard_of(&key).write().unwrap().remove(&key).is_some();
         if removed {
             // Relaxed: see `reserve_slot`.
             self.len.fetch_sub(1, Ordering::Relaxed);
@@ -125,13 +124,13 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for LoomDashStore<K> {
         self.shards.len()
     }
 
-    fn sweep_shard(&self, shard: usize, now: u64) -> (usize, usize) {
+    fn sweep_shard(&self, shard: usize, fresh: Fresh<'_>) -> (usize, usize) {
         let Some(lock) = self.shards.get(shard) else {
             return (0, 0);
         };
         let mut table = lock.write().unwrap();
         let visited = table.len();
-        table.retain(|_, e| !e.is_fresh(now));
+        table.retain(|(_, rule), cell| !fresh.cell(*rule, cell));
         let removed = visited - table.len();
         // Relaxed: see `reserve_slot`.
         self.len.fetch_sub(removed, Ordering::Relaxed);
@@ -149,7 +148,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for LoomDashStore<K> {
             .map_or(0, |s| s.read().unwrap().len())
     }
 
-    fn sum_entries(&self, mut f: impl FnMut(&Entry) -> usize) -> usize {
+    fn sum_cells(&self, mut f: impl FnMut(&Cell) -> usize) -> usize {
         self.shards
             .iter()
             .map(|s| s.read().unwrap().values().map(&mut f).sum::<usize>())

@@ -1,7 +1,8 @@
 //! The map from keys to their state, behind a small trait so stores can be compared in one run.
 //!
-//! A store holds [`Entry`] values: the rules the entry's cells were built for, a penalty deadline
-//! and the cells. It enforces the `max_keys` cap itself, so no caller can insert past it.
+//! A store holds one state per (key, rule): a [`Cell`] (the flat store keeps word cells inline in
+//! its slots). It knows rules only by id; what a state means is the limiter's business. It
+//! enforces the `max_keys` cap itself, counted in states, so no caller can insert past it.
 
 #[cfg_attr(tollgate_loom, allow(dead_code))]
 pub(crate) mod dash;
@@ -9,11 +10,9 @@ pub(crate) mod flat;
 #[cfg(tollgate_loom)]
 pub(crate) mod loom_dash;
 
-use std::sync::Arc;
-
 use crate::cell::Cell;
 use crate::quota::Rule;
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicUsize, Ordering};
 
 #[cfg(not(tollgate_loom))]
 pub(crate) use dash::DashStore;
@@ -82,108 +81,74 @@ pub enum OnFull {
     EvictFresh,
 }
 
-/// The rules of one plan: the parts of a compound limit, checked in order.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Rules {
-    pub(crate) parts: Box<[Rule]>,
+/// A rule's index in its limiter's rule table (see the limiter's book): equal quotas are one
+/// rule, whichever plans list them. At most [`MAX_RULES`] per limiter.
+pub(crate) type RuleId = u8;
+
+/// The most distinct rules a limiter may ever have (one tag byte in the flat store).
+pub(crate) const MAX_RULES: usize = 256;
+
+/// Bits 2..10 of a (key, rule) hash: the rule's id, so a slot's tag says which rule its word
+/// runs under, and two rules of one key never share a fingerprint.
+pub(crate) const RULE_SHIFT: u32 = 2;
+/// See [`RULE_SHIFT`].
+pub(crate) const RULE_MASK: u64 = 0xFF << RULE_SHIFT;
+
+/// The hash of (key, rule) from the key's hash `h` (keyed by the store's secret seed): rule 0
+/// keeps the key's hash, every other rule mixes its id in (splitmix64's finaliser, a bijection,
+/// so two keys of one rule collide only where their hashes do); then the rule's id replaces
+/// bits 2..10 (see [`RULE_SHIFT`]).
+#[inline(always)]
+pub(crate) fn rule_hash(h: u64, rule: RuleId) -> u64 {
+    let mixed = if rule == 0 {
+        h
+    } else {
+        let mut x = h.wrapping_add(u64::from(rule).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^ (x >> 31)
+    };
+    (mixed & !RULE_MASK) | (u64::from(rule) << RULE_SHIFT)
 }
 
-/// One key's state.
-#[derive(Debug)]
-pub(crate) struct Entry {
-    /// The rules `cells` were built for; when the key is checked under other rules (a plan
-    /// change), the entry is migrated first.
-    pub(crate) rules: Arc<Rules>,
-    /// Which incarnation of the key this is (unique per limiter; kept across migration): a
-    /// compound refund lands only on the entry it charged, never on one recreated after a reset
-    /// or sweep.
-    pub(crate) id: u64,
-    /// A penalty: no request passes before this time (ns). 0 when none.
-    pub(crate) blocked_until: AtomicU64,
-    pub(crate) cells: Cells,
+/// The rule id a (key, rule) hash or a slot tag carries (see [`rule_hash`]).
+#[inline(always)]
+pub(crate) fn rule_of(hash: u64) -> RuleId {
+    ((hash & RULE_MASK) >> RULE_SHIFT) as RuleId
 }
 
-/// The cells of an entry: inline for the common single-quota case.
-#[derive(Debug)]
-pub(crate) enum Cells {
-    One(Cell),
-    Many(Box<[Cell]>),
+/// Tells sweeps and evictions whether a state is indistinguishable from a fresh one at `now`: the
+/// limiter hands it the rule table (append-only, so every id a state carries is in it), and
+/// the store, which knows rules only by id, asks it about each state.
+#[derive(Clone, Copy)]
+pub(crate) struct Fresh<'a> {
+    pub(crate) now: u64,
+    pub(crate) rules: &'a [Rule],
+    /// Where evictions are counted (none for sweeps, which count their own removals).
+    pub(crate) evictions: Option<&'a crate::stats::Counters>,
 }
 
-impl Entry {
-    /// A fresh entry for `rules`, incarnation `id`.
-    pub(crate) fn fresh(rules: &Arc<Rules>, id: u64) -> Entry {
-        let cells = match &*rules.parts {
-            [one] => Cells::One(Cell::fresh(one.kind)),
-            parts => Cells::Many(parts.iter().map(|r| Cell::fresh(r.kind)).collect()),
-        };
-        Entry {
-            rules: Arc::clone(rules),
-            id,
-            blocked_until: AtomicU64::new(0),
-            cells,
+impl Fresh<'_> {
+    /// Counts one state an eviction removed.
+    pub(crate) fn evicted(&self) {
+        if let Some(c) = self.evictions {
+            c.evicted();
         }
     }
 
-    /// The cells, one per part of the rules.
-    #[inline]
-    pub(crate) fn cells(&self) -> &[Cell] {
-        match &self.cells {
-            Cells::One(c) => std::slice::from_ref(c),
-            Cells::Many(cs) => cs,
-        }
+    /// Whether a word cell of rule `rule` holding `word` is fresh.
+    #[inline(always)]
+    pub(crate) fn word(&self, rule: RuleId, word: u64) -> bool {
+        self.rules
+            .get(usize::from(rule))
+            .is_some_and(|r| crate::cell::word_is_fresh(word, self.now, r))
     }
 
-    /// The penalty deadline (ns), 0 when none.
-    #[inline]
-    pub(crate) fn blocked_until(&self) -> u64 {
-        // Relaxed: a deadline is a single self-contained word; `block` raises it with fetch_max,
-        // and a check that misses a penalty set concurrently is ordered before that call.
-        self.blocked_until.load(Ordering::Relaxed)
-    }
-
-    /// True when removing this entry changes no future decision: no penalty, every cell fresh.
-    pub(crate) fn is_fresh(&self, now: u64) -> bool {
-        self.blocked_until() <= now
-            && self
-                .cells()
-                .iter()
-                .zip(self.rules.parts.iter())
-                .all(|(c, r)| c.is_fresh(now, r))
-    }
-
-    /// This entry carried over to `rules` at `now` (see `Cell::migrate`).
-    pub(crate) fn migrate(&self, now: u64, rules: &Arc<Rules>) -> Entry {
-        let old = &self.rules.parts;
-        let cells: Vec<Cell> = rules
-            .parts
-            .iter()
-            .enumerate()
-            .map(|(i, new)| match (self.cells().get(i), old.get(i)) {
-                (Some(cell), Some(old)) => cell.migrate(now, old, new),
-                _ => Cell::fresh(new.kind),
-            })
-            .collect();
-        let cells = if cells.len() == 1 {
-            Cells::One(cells.into_iter().next().expect("one cell"))
-        } else {
-            Cells::Many(cells.into_boxed_slice())
-        };
-        Entry {
-            rules: Arc::clone(rules),
-            id: self.id,
-            blocked_until: AtomicU64::new(self.blocked_until()),
-            cells,
-        }
-    }
-
-    /// Heap bytes owned by this entry beyond its inline size.
-    pub(crate) fn heap_bytes(&self) -> usize {
-        let boxed = match &self.cells {
-            Cells::One(_) => 0,
-            Cells::Many(cs) => cs.len() * std::mem::size_of::<Cell>(),
-        };
-        boxed + self.cells().iter().map(Cell::heap_bytes).sum::<usize>()
+    /// Whether `cell`, of rule `rule`, is fresh.
+    pub(crate) fn cell(&self, rule: RuleId, cell: &Cell) -> bool {
+        self.rules
+            .get(usize::from(rule))
+            .is_some_and(|r| cell.is_fresh(self.now, r))
     }
 }
 
@@ -203,42 +168,40 @@ pub(crate) fn take_slot(len: &AtomicUsize, max_keys: usize) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Full;
 
-/// A concurrent map from keys to entries, capped at `max_keys`.
+/// A concurrent map from (key, rule) to a state cell, capped at `max_keys` states.
 pub(crate) trait Store<K>: Send + Sync {
-    /// Runs `f` on `key`'s entry if there is one.
-    fn with<R>(&self, key: &K, f: impl FnOnce(&Entry) -> R) -> Option<R>;
+    /// Runs `f` on the state of (`key`, `rule`) if there is one.
+    fn with<R>(&self, key: &K, rule: RuleId, f: impl FnOnce(&Cell) -> R) -> Option<R>;
 
-    /// Runs `f` on `key`'s entry, inserting `make()` first when absent. At the cap, `OnFull`
-    /// decides: deny, or evict an entry of the same shard for which `evictable` holds.
+    /// Runs `f` on the state of (`key`, `rule`), inserting `make()` first when absent. At the
+    /// cap, `OnFull` decides: deny, or evict a state for which `fresh` holds.
     fn with_or_insert<R>(
         &self,
         key: &K,
-        make: impl FnOnce() -> Entry,
-        evictable: impl FnMut(&Entry) -> bool,
-        f: impl FnOnce(&Entry) -> R,
+        rule: RuleId,
+        make: impl FnOnce() -> Cell,
+        fresh: Fresh<'_>,
+        f: impl FnOnce(&Cell) -> R,
     ) -> Result<R, Full>;
 
-    /// Replaces `key`'s entry by `f(old)` under exclusive access, if it is present and `f`
-    /// returns a replacement.
-    fn replace(&self, key: &K, f: impl FnOnce(&Entry) -> Option<Entry>);
-
-    /// Removes `key`; true if it was present.
-    fn remove(&self, key: &K) -> bool;
+    /// Removes the state of (`key`, `rule`); true if it was present.
+    fn remove(&self, key: &K, rule: RuleId) -> bool;
 
     /// Number of shards (the unit of [`Store::sweep_shard`]).
     fn shards(&self) -> usize;
 
-    /// Removes the entries of shard `shard` that are fresh at `now` ([`Entry::is_fresh`]), under
-    /// exclusive access to that shard. Returns `(visited, removed)`.
-    fn sweep_shard(&self, shard: usize, now: u64) -> (usize, usize);
+    /// Removes the states of shard `shard` for which `fresh` holds, each atomically with the
+    /// test (no charge can land between them). Returns `(visited, removed)`.
+    fn sweep_shard(&self, shard: usize, fresh: Fresh<'_>) -> (usize, usize);
 
-    /// Keys held.
+    /// States held.
     fn len(&self) -> usize;
 
-    /// Keys held in shard `shard` (0 for a shard that does not exist): how evenly the hasher
+    /// States held in shard `shard` (0 for a shard that does not exist): how evenly the hasher
     /// spreads keys, for the hash-flood test.
     fn shard_len(&self, shard: usize) -> usize;
 
-    /// Sums `f` over every entry (for memory accounting; takes each shard's read lock in turn).
-    fn sum_entries(&self, f: impl FnMut(&Entry) -> usize) -> usize;
+    /// Sums `f` over every state kept as a cell outside the flat store's slots (for memory
+    /// accounting; takes each shard's read lock in turn).
+    fn sum_cells(&self, f: impl FnMut(&Cell) -> usize) -> usize;
 }

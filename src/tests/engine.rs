@@ -296,10 +296,12 @@ burst = 100
     };
     assert_eq!(count(free, 1), 10);
     assert_eq!(count(pro, 2), 100);
-    // Key 1 upgrades: it keeps its 10 spent units, now out of 100.
+    // Key 1 checked under pro too: pro's quota is its own state, so free's spending does not
+    // count there (and pro's does not count under free).
     let d = l.check_in(&1, pro, 1).unwrap();
     assert!(d.is_allowed());
-    assert_eq!(d.remaining(), 89);
+    assert_eq!(d.remaining(), 99);
+    assert!(!l.check_in(&1, free, 1).unwrap().is_allowed());
     // A live change of the free plan keeps what free keys spent.
     let _ = l.check_in(&3, free, 5).unwrap();
     l.set_plan("free", Plan::new([Quota::per_day(100).burst(20)]))
@@ -522,7 +524,7 @@ fn compound_refund_skips_a_recreated_entry() {
     let clock = FakeClock::new();
     let per_user = limiter::<u64>(Quota::per_second(2), &clock);
     let bound = per_user.key(&1);
-    let (d, undo) = bound.charge_part(1).unwrap();
+    let (d, undo, _) = bound.charge_part(1).unwrap();
     assert!(d.is_allowed());
     assert!(per_user.reset(&1)); // e.g. LoginGuard::succeeded between charge and refund
     assert_eq!(per_user.check(&1).remaining(), 1); // the new incarnation

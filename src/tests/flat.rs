@@ -11,7 +11,7 @@ use crate::{
 };
 
 fn build(store: StoreKind, q: Quota, clock: &FakeClock, max_keys: usize) -> Limiter<u8, FakeClock> {
-    build_with(store, Plan::new([q]), clock, max_keys)
+    build_with(store, Plan::new([q]), clock, max_keys, OnFull::EvictFresh)
 }
 
 /// [`build`] with a whole default plan (its strategy and headroom too).
@@ -20,6 +20,7 @@ fn build_with(
     default: Plan,
     clock: &FakeClock,
     max_keys: usize,
+    on_full: OnFull,
 ) -> Limiter<u8, FakeClock> {
     let l = Limiter::builder()
         .plan("default", default)
@@ -32,8 +33,11 @@ fn build_with(
             ]),
         )
         .store(store)
+        // Two shards: each store's eviction then looks at every state (the flat store at 16
+        // groups in up to 4 shards, the dash store in up to 4 shards).
+        .shards(2)
         .max_keys(max_keys)
-        .on_full(OnFull::EvictFresh)
+        .on_full(on_full)
         .sweep_grace(Duration::ZERO)
         .clock(clock.clone())
         .build()
@@ -136,18 +140,47 @@ proptest! {
         ],
         soft in any::<bool>(),
         headroom in 0u64..2,
+        evict in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..80),
     ) {
+        let on_full = if evict { OnFull::EvictFresh } else { OnFull::Deny };
         let q = Quota::per_second(4).burst(4).algorithm(alg);
         let strategy = if soft { crate::Strategy::Soft } else { crate::Strategy::Hard };
         let default = Plan::new([q]).strategy(strategy).headroom(headroom);
         let (fc, dc) = (FakeClock::new(), FakeClock::new());
-        let flat = build_with(StoreKind::Flat, default.clone(), &fc, 6);
-        let dash = build_with(StoreKind::Dash, default, &dc, 6);
+        let flat = build_with(StoreKind::Flat, default.clone(), &fc, 6, on_full);
+        let dash = build_with(StoreKind::Dash, default, &dc, 6, on_full);
         for (i, op) in ops.iter().enumerate() {
             let (a, b) = (apply(&flat, &fc, op), apply(&dash, &dc, op));
-            prop_assert_eq!(&a, &b, "op {} {:?}", i, op);
-            prop_assert_eq!(flat.stats(), dash.stats(), "stats after op {} {:?}", i, op);
+            // Evictions may pick different fresh states (each store looks in its own order):
+            // no decision changes (a fresh state is an absent one), but which states are held
+            // does, so what a reset or a sweep finds to remove, and the counts of states and
+            // evictions, may differ.
+            let held = evict && matches!(op, Op::Reset(_) | Op::Sweep);
+            // Each store looks for a fresh victim in a bounded neighbourhood (the flat store
+            // takes no displaced state of another shard, whose lock it does not hold): one may
+            // find none where the other finds one. The traces part there; the case ends.
+            let full = |x: &Answer| matches!(x, Answer::Decision(d) if d.reason() == Reason::TableFull);
+            if evict && a != b && (full(&a) || full(&b)) {
+                return Ok(());
+            }
+            if !held {
+                prop_assert_eq!(&a, &b, "op {} {:?}", i, op);
+            }
+            let same = |s: crate::Stats| {
+                if evict {
+                    crate::Stats { evictions: 0, keys: 0, swept: 0, ..s }
+                } else {
+                    s
+                }
+            };
+            prop_assert_eq!(
+                same(flat.stats()),
+                same(dash.stats()),
+                "stats after op {} {:?}",
+                i,
+                op
+            );
             let (wrong, _) = flat.pass_counts().unwrap();
             prop_assert!(wrong.is_empty(), "pass counts after op {} {:?}: {:?}", i, op, wrong);
         }
@@ -348,20 +381,21 @@ fn large_tables_start_on_a_huge_page_boundary() {
     }
 }
 
-/// Configurations the flat store cannot serve run on the dash store, and say so.
+/// Every plan runs on the flat store (logs and compound plans too); only a `max_keys` too large
+/// to map falls back to the dash store, and says so.
 #[test]
-fn unservable_configurations_fall_back_to_dash() {
+fn only_unmappable_tables_fall_back_to_dash() {
     let log = Limiter::<u64>::builder()
         .quota(Quota::per_second(10).algorithm(Algorithm::SlidingWindowLog))
         .build()
         .unwrap();
-    assert_eq!(log.store_kind(), StoreKind::Dash);
+    assert_eq!(log.store_kind(), StoreKind::Flat);
     let compound = Limiter::<u64>::builder()
         .quota(Quota::per_second(10))
         .quota(Quota::per_day(1000))
         .build()
         .unwrap();
-    assert_eq!(compound.store_kind(), StoreKind::Dash);
+    assert_eq!(compound.store_kind(), StoreKind::Flat);
     let unbounded = Limiter::<u64>::builder()
         .quota(Quota::per_second(10))
         .max_keys(usize::MAX)
@@ -372,8 +406,8 @@ fn unservable_configurations_fall_back_to_dash() {
     assert!(unbounded.check(&1).is_allowed());
 }
 
-/// Sweeping removes fresh inline keys, and spilled keys once their entries are fresh (markers
-/// included): the table ends empty and every key starts again fresh.
+/// Sweeping removes fresh states of every plan, and expired penalties: the table ends empty and
+/// every key starts again fresh.
 #[test]
 fn sweeping_clears_inline_and_spilled_keys() {
     let clock = FakeClock::new();
@@ -395,11 +429,15 @@ fn sweeping_clears_inline_and_spilled_keys() {
     assert_eq!(l.len(), 150);
     assert_eq!(l.sweep_now(), 0, "nothing is fresh yet");
     clock.advance(Duration::from_secs(2));
-    assert_eq!(l.sweep_now(), 149, "all but the blocked key");
+    assert_eq!(l.sweep_now(), 150, "every state; the penalty is apart");
+    assert_eq!(l.len(), 0);
     assert_eq!(l.check(&7).reason(), Reason::Blocked);
     clock.advance(Duration::from_secs(4));
-    assert_eq!(l.sweep_now(), 1);
-    assert_eq!(l.len(), 0);
+    assert_eq!(
+        l.sweep_now(),
+        0,
+        "the expired penalty goes, no state with it"
+    );
     let d = l.check(&7);
     assert!(d.is_allowed());
     assert_eq!(d.remaining(), 1, "a fresh bucket of 2 after one check");

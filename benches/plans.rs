@@ -1,0 +1,256 @@
+//! What users configure, against what they would build from governor instead, in one run:
+//! plans resolved per request (`check_in`, 3 plans), a compound plan (two quotas on one key),
+//! and `check_all` (per-user AND global). 100k keys, 1 and 2 threads, runs interleaved, medians.
+//!
+//! ```text
+//! cargo bench --bench plans                      # about 1 minute on a 2-core machine
+//! TOLLGATE_BENCH=short cargo bench --bench plans # CI smoke run, a few seconds
+//! ```
+//!
+//! Every case checks one unit per request on pre-generated random keys. Allow-heavy quotas
+//! (10^8 to 4 x 10^8 per second, every request admitted and written) unless the case says "denies".
+//! governor's side, as its users combine it: one keyed limiter per plan picked per request; two
+//! keyed limiters checked in turn for a compound limit (the second only if the first passes;
+//! governor cannot refund the first when the second denies); a keyed and a direct limiter for
+//! per-user AND global.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, RateLimiter};
+use tollgate::{Limiter, Plan, PlanId, Quota, check_all};
+
+const KEYS: u64 = 100_000;
+const STREAM: usize = 1 << 16;
+
+fn allow(n: u32) -> Quota {
+    Quota::per_second(u64::from(n)).burst(u64::from(n))
+}
+
+fn gov_allow(n: u32) -> governor::Quota {
+    let n = NonZeroU32::new(n).unwrap();
+    governor::Quota::per_second(n).allow_burst(n)
+}
+
+/// A rate-limit setup under test: one call decides one request for key `k`.
+trait Case: Sync {
+    fn call(&self, k: u64) -> bool;
+}
+
+struct TgDefault(Limiter<u64>);
+impl Case for TgDefault {
+    fn call(&self, k: u64) -> bool {
+        self.0.check(&k).is_allowed()
+    }
+}
+
+struct TgPlans(Limiter<u64>, [PlanId; 3]);
+impl Case for TgPlans {
+    fn call(&self, k: u64) -> bool {
+        self.0
+            .check_in(&k, self.1[(k % 3) as usize], 1)
+            .is_ok_and(|d| d.is_allowed())
+    }
+}
+
+struct TgAll(Limiter<u64>, Limiter<()>);
+impl Case for TgAll {
+    fn call(&self, k: u64) -> bool {
+        check_all(&[&self.0.key(&k), &self.1.key(&())], 1).is_ok_and(|d| d.is_allowed())
+    }
+}
+
+struct GovKeyed(DefaultKeyedRateLimiter<u64>);
+impl Case for GovKeyed {
+    fn call(&self, k: u64) -> bool {
+        self.0.check_key(&k).is_ok()
+    }
+}
+
+struct GovPlans([DefaultKeyedRateLimiter<u64>; 3]);
+impl Case for GovPlans {
+    fn call(&self, k: u64) -> bool {
+        self.0[(k % 3) as usize].check_key(&k).is_ok()
+    }
+}
+
+struct GovTwo(DefaultKeyedRateLimiter<u64>, DefaultKeyedRateLimiter<u64>);
+impl Case for GovTwo {
+    fn call(&self, k: u64) -> bool {
+        self.0.check_key(&k).is_ok() && self.1.check_key(&k).is_ok()
+    }
+}
+
+struct GovAll(DefaultKeyedRateLimiter<u64>, DefaultDirectRateLimiter);
+impl Case for GovAll {
+    fn call(&self, k: u64) -> bool {
+        self.0.check_key(&k).is_ok() && self.1.check().is_ok()
+    }
+}
+
+fn keyed(q: governor::Quota) -> DefaultKeyedRateLimiter<u64> {
+    RateLimiter::keyed(q)
+}
+
+/// Calls per second of `threads` threads on their own key streams for `d`.
+fn rate(case: &dyn Case, streams: &[Vec<u64>], threads: usize, d: Duration) -> f64 {
+    let stop = AtomicBool::new(false);
+    let barrier = Barrier::new(threads + 1);
+    let calls: u64 = std::thread::scope(|s| {
+        let handles: Vec<_> = streams[..threads]
+            .iter()
+            .map(|keys| {
+                let (stop, barrier) = (&stop, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for &k in &keys[..1024] {
+                            black_box(case.call(k));
+                        }
+                        n += 1024;
+                        for &k in &keys[1024..] {
+                            black_box(case.call(k));
+                            n += 1;
+                            if n % 4096 == 0 && stop.load(Ordering::Relaxed) {
+                                break;
+                            }
+                        }
+                    }
+                    n
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        std::thread::sleep(d);
+        stop.store(true, Ordering::Relaxed);
+        let n: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        let secs = start.elapsed().as_secs_f64();
+        (n as f64 / secs) as u64
+    });
+    calls as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Keys spread over the key space (a fixed xorshift sequence per thread).
+fn streams(threads: usize) -> Vec<Vec<u64>> {
+    (0..threads as u64)
+        .map(|t| {
+            let mut x = 0x9E37_79B9_7F4A_7C15 ^ (t + 1);
+            (0..STREAM)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x % KEYS
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Fills every key once so the measured calls find their state.
+fn fill(case: &dyn Case) {
+    for k in 0..KEYS {
+        black_box(case.call(k));
+    }
+}
+
+fn main() {
+    let short = std::env::var("TOLLGATE_BENCH").is_ok_and(|v| v == "short");
+    let (runs, run) = if short {
+        (1, Duration::from_millis(20))
+    } else {
+        (5, Duration::from_millis(300))
+    };
+    let threads_list = [1usize, 2];
+    let deny = Quota::per_hour(1).burst(1);
+    let gov_deny = governor::Quota::per_hour(NonZeroU32::MIN);
+
+    let tg = |plans: &[(&str, Vec<Quota>)]| {
+        let mut b = Limiter::<u64>::builder().max_keys(4 * KEYS as usize);
+        for (name, qs) in plans {
+            b = b.plan(*name, Plan::new(qs.clone()));
+        }
+        b.build().unwrap()
+    };
+    let default = TgDefault(tg(&[("default", vec![allow(100_000_000)])]));
+    let plans_l = tg(&[
+        ("free", vec![allow(100_000_000)]),
+        ("pro", vec![allow(200_000_000)]),
+        ("ent", vec![allow(300_000_000)]),
+    ]);
+    let ids = ["free", "pro", "ent"].map(|p| plans_l.plan(p).unwrap());
+    let plans = TgPlans(plans_l, ids);
+    let compound_l = tg(&[("both", vec![allow(100_000_000), allow(200_000_000)])]);
+    let both = [compound_l.plan("both").unwrap(); 3];
+    let compound = TgPlans(compound_l, both);
+    let denies_l = tg(&[("both", vec![deny, allow(200_000_000)])]);
+    let both = [denies_l.plan("both").unwrap(); 3];
+    let denies = TgPlans(denies_l, both);
+    let global = Limiter::<()>::builder()
+        .quota(allow(400_000_000))
+        .build()
+        .unwrap();
+    let all = TgAll(tg(&[("default", vec![allow(100_000_000)])]), global);
+
+    let g_default = GovKeyed(keyed(gov_allow(100_000_000)));
+    let g_plans = GovPlans([
+        keyed(gov_allow(100_000_000)),
+        keyed(gov_allow(200_000_000)),
+        keyed(gov_allow(300_000_000)),
+    ]);
+    let g_compound = GovTwo(keyed(gov_allow(100_000_000)), keyed(gov_allow(200_000_000)));
+    let g_denies = GovTwo(keyed(gov_deny), keyed(gov_allow(200_000_000)));
+    let g_all = GovAll(
+        keyed(gov_allow(100_000_000)),
+        RateLimiter::direct(gov_allow(400_000_000)),
+    );
+
+    let cases: Vec<(&str, &dyn Case, &dyn Case)> = vec![
+        ("default plan (check)", &default, &g_default),
+        ("3 plans (check_in)", &plans, &g_plans),
+        ("compound plan, 2 quotas", &compound, &g_compound),
+        ("compound plan, first denies", &denies, &g_denies),
+        ("check_all per-user AND global", &all, &g_all),
+    ];
+    for (_, t, g) in &cases {
+        fill(*t);
+        fill(*g);
+    }
+    let streams = streams(2);
+    println!("| case | threads | tollgate (M/s) | governor (M/s) | ratio |\n|---|---|---|---|---|");
+    let mut default_rate = [0.0; 2];
+    for (name, t, g) in &cases {
+        for (i, &threads) in threads_list.iter().enumerate() {
+            let (mut tr, mut gr) = (Vec::new(), Vec::new());
+            for _ in 0..runs {
+                tr.push(rate(*t, &streams, threads, run));
+                gr.push(rate(*g, &streams, threads, run));
+            }
+            let (tm, gm) = (median(tr), median(gr));
+            if name.starts_with("default") {
+                default_rate[i] = tm;
+            }
+            println!(
+                "| {name} | {threads} | {:.1} | {:.1} | {:.2}x{} |",
+                tm / 1e6,
+                gm / 1e6,
+                tm / gm,
+                if name.starts_with("3 plans") {
+                    format!(" ({:.2} of default)", tm / default_rate[i])
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! Plans and their book: the plans a limiter knows, compiled to integer rules, and the rule table
+//! that gives every distinct quota part one id (so equal quotas share one state per key,
+//! whichever plans list them, in whatever order).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::cell::Mode;
+use crate::clock::nanos;
+use crate::error::Error;
+use crate::quota::{Kind, Quota, Rule};
+use crate::store::{MAX_RULES, RuleId};
+use crate::sync::{AtomicPtr, Ordering};
+
+/// The most quotas one plan may combine (10/s AND 1000/day is two).
+pub const MAX_PARTS: usize = 4;
+
+/// Rules a changed part remembers as its predecessors (see [`PartRule::lineage`]).
+const LINEAGE: usize = 4;
+
+/// What happens to a request over its quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Strategy {
+    /// Deny it (HTTP 429).
+    #[default]
+    Hard,
+    /// Let it through, flagged as [`Reason::SoftLimit`](crate::Reason::SoftLimit), charging
+    /// nothing.
+    Soft,
+    /// Admit it for a later moment, at most `max_delay` away (the leaky bucket as a queue, nginx
+    /// `burst` without `nodelay`); the decision's [`delay`](crate::Decision::delay) says how
+    /// long to wait. Window algorithms cannot schedule ahead and admit only what passes now.
+    Queue {
+        /// The longest wait a request may be given.
+        max_delay: Duration,
+    },
+}
+
+/// A named tier: its quotas (all must pass), what happens over them, and its priority headroom.
+///
+/// ```
+/// use tollgate::{Plan, Quota, Strategy};
+/// let pro = Plan::new([Quota::per_second(10), Quota::per_day(1000)]).strategy(Strategy::Soft);
+/// assert_eq!(pro.quotas().len(), 2);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    quotas: Vec<Quota>,
+    strategy: Strategy,
+    headroom: u64,
+}
+
+impl Plan {
+    /// A plan whose requests must pass every one of `quotas`.
+    pub fn new(quotas: impl IntoIterator<Item = Quota>) -> Self {
+        Plan {
+            quotas: quotas.into_iter().collect(),
+            strategy: Strategy::Hard,
+            headroom: 0,
+        }
+    }
+    /// What happens over the quota.
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+    /// Priority: this plan's requests are denied while fewer than `units` would remain, keeping
+    /// that much of a shared key's quota for higher tiers (give lower tiers larger headroom).
+    pub fn headroom(mut self, units: u64) -> Self {
+        self.headroom = units;
+        self
+    }
+    /// The quotas.
+    pub fn quotas(&self) -> &[Quota] {
+        &self.quotas
+    }
+    /// The strategy.
+    pub fn strategy_kind(&self) -> Strategy {
+        self.strategy
+    }
+    /// The headroom.
+    pub fn headroom_units(&self) -> u64 {
+        self.headroom
+    }
+}
+
+/// A handle to one of a limiter's plans, resolved once by name with
+/// [`Limiter::plan`](crate::Limiter::plan).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PlanId(pub(crate) u32);
+
+impl PlanId {
+    /// The plan that [`Limiter::check`](crate::Limiter::check) uses.
+    pub const DEFAULT: PlanId = PlanId(0);
+}
+
+/// One part of a compiled plan: its rule, by id and by value.
+#[derive(Debug, Clone)]
+pub(crate) struct PartRule {
+    pub(crate) id: RuleId,
+    pub(crate) rule: Rule,
+    /// The rules this part had before the plan changed, latest first, that no plan uses any
+    /// more: a key with no state under `id` yet starts from its state under the first of these
+    /// it has, which moves over ([`Cell::migrate`](crate::cell::Cell::migrate)) and is removed.
+    /// Only a change of this plan adds to it, so two live plans never carry state into each
+    /// other, and a state that moved cannot come back.
+    pub(crate) lineage: Vec<RuleId>,
+}
+
+/// A plan checked and compiled to integer rules.
+#[derive(Debug)]
+pub(crate) struct Compiled {
+    pub(crate) name: String,
+    pub(crate) parts: Vec<PartRule>,
+    pub(crate) strategy: Strategy,
+    pub(crate) headroom: u64,
+    /// The largest cost that can ever pass: the smallest capacity minus the headroom.
+    pub(crate) max_cost: u64,
+}
+
+impl Compiled {
+    /// The mode a call in `mode` runs in under this plan's strategy.
+    pub(crate) fn mode(&self, mode: Mode) -> Mode {
+        match (mode, self.strategy) {
+            (Mode::Check, Strategy::Queue { max_delay }) => Mode::Reserve(nanos(max_delay)),
+            (Mode::Peek, Strategy::Queue { max_delay }) => Mode::PeekReserve(nanos(max_delay)),
+            (m, _) => m,
+        }
+    }
+
+    /// Checks a cost against what the plan can ever admit.
+    pub(crate) fn check_cost(&self, cost: u64) -> Result<(), Error> {
+        if cost == 0 {
+            return Err(Error::ZeroCost);
+        }
+        if cost > self.max_cost {
+            return Err(Error::CostExceedsCapacity {
+                cost,
+                capacity: self.max_cost,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// All plans of a limiter and its rule table; replaced as a whole (copy on write) when a plan
+/// changes.
+#[derive(Debug)]
+pub(crate) struct Book {
+    pub(crate) plans: Vec<Compiled>,
+    pub(crate) by_name: HashMap<String, PlanId>,
+    /// Every distinct rule any book of this limiter ever had, by id: append-only, so a state's
+    /// rule id means the same rule for the limiter's whole life (sweeps read it from slots).
+    pub(crate) rules: Vec<Rule>,
+    /// The default plan as the short path serves it (see [`InlinePlan`]).
+    pub(crate) inline: Option<InlinePlan>,
+}
+
+/// The default plan, when [`Limiter::check`](crate::Limiter::check)'s short path can serve it:
+/// one word-cell part, not a queue, on the flat store. Worked out once per book.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InlinePlan {
+    pub(crate) id: RuleId,
+    pub(crate) rule: Rule,
+    pub(crate) headroom: u64,
+    pub(crate) soft: bool,
+}
+
+impl InlinePlan {
+    fn of(default: &Compiled) -> Option<InlinePlan> {
+        let [part] = default.parts.as_slice() else {
+            return None;
+        };
+        let served =
+            part.rule.kind != Kind::Log && !matches!(default.strategy, Strategy::Queue { .. });
+        served.then_some(InlinePlan {
+            id: part.id,
+            rule: part.rule,
+            headroom: default.headroom,
+            soft: default.strategy == Strategy::Soft,
+        })
+    }
+}
+
+impl Book {
+    /// Compiles `plans`, extending `previous`'s rule table (and taking each changed part's
+    /// lineage from the plan of the same name there). `inline`: whether the store can serve the
+    /// default plan on the short path.
+    pub(crate) fn compile(
+        plans: &[(String, Plan)],
+        unix_epoch_ns: u64,
+        previous: Option<&Book>,
+        inline: bool,
+    ) -> Result<Book, Error> {
+        let mut rules: Vec<Rule> = previous.map(|b| b.rules.clone()).unwrap_or_default();
+        let mut compiled: Vec<Compiled> = Vec::with_capacity(plans.len());
+        let mut by_name = HashMap::new();
+        for (name, plan) in plans {
+            if plan.quotas.is_empty() {
+                return Err(Error::NoQuota);
+            }
+            if plan.quotas.len() > MAX_PARTS {
+                return Err(Error::Config {
+                    line: None,
+                    message: format!(
+                        "plan '{name}' combines {} quotas; at most {MAX_PARTS}",
+                        plan.quotas.len()
+                    ),
+                });
+            }
+            let before =
+                previous.and_then(|b| b.by_name.get(name).map(|id| &b.plans[id.0 as usize]));
+            let mut parts = Vec::with_capacity(plan.quotas.len());
+            for (i, quota) in plan.quotas.iter().enumerate() {
+                let rule = quota.compile(unix_epoch_ns)?;
+                let id = intern(&mut rules, rule)?;
+                let lineage = match before.and_then(|b| b.parts.get(i)) {
+                    Some(old) if old.id != id => std::iter::once(old.id)
+                        .chain(old.lineage.iter().copied())
+                        .filter(|&r| r != id)
+                        .take(LINEAGE)
+                        .collect(),
+                    Some(old) => old.lineage.clone(),
+                    None => Vec::new(),
+                };
+                parts.push(PartRule { id, rule, lineage });
+            }
+            let capacity = parts.iter().map(|p| p.rule.capacity).min().unwrap_or(0);
+            if plan.headroom >= capacity {
+                return Err(Error::HeadroomTooLarge {
+                    plan: name.clone(),
+                    headroom: plan.headroom,
+                    capacity,
+                });
+            }
+            by_name.insert(name.clone(), PlanId(compiled.len() as u32));
+            compiled.push(Compiled {
+                name: name.clone(),
+                parts,
+                strategy: plan.strategy,
+                headroom: plan.headroom,
+                max_cost: capacity - plan.headroom,
+            });
+        }
+        // A part carries state over only from rules that no plan uses any more: the state of a
+        // rule that is still live belongs to the plans that list it.
+        let live: Vec<RuleId> = compiled
+            .iter()
+            .flat_map(|p| p.parts.iter().map(|r| r.id))
+            .collect();
+        for part in compiled.iter_mut().flat_map(|p| p.parts.iter_mut()) {
+            part.lineage.retain(|r| !live.contains(r));
+            // The deliberately broken build (scripts/must-fail.sh): every other live rule of the
+            // same algorithm is a predecessor, so a key's state moves between live plans.
+            #[cfg(tollgate_broken = "live_migration")]
+            {
+                part.lineage = live
+                    .iter()
+                    .copied()
+                    .filter(|&r| r != part.id && rules[usize::from(r)].kind == part.rule.kind)
+                    .collect();
+            }
+        }
+        let inline = if inline {
+            compiled.first().and_then(InlinePlan::of)
+        } else {
+            None
+        };
+        Ok(Book {
+            plans: compiled,
+            by_name,
+            rules,
+            inline,
+        })
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, id: PlanId) -> Result<&Compiled, Error> {
+        match self.plans.get(id.0 as usize) {
+            Some(plan) => Ok(plan),
+            None => Err(unknown_plan(id)),
+        }
+    }
+}
+
+/// The id of `rule` in `rules`, adding it when it is new.
+fn intern(rules: &mut Vec<Rule>, rule: Rule) -> Result<RuleId, Error> {
+    if let Some(i) = rules.iter().position(|r| *r == rule) {
+        return Ok(i as RuleId);
+    }
+    if rules.len() == MAX_RULES {
+        return Err(Error::Config {
+            line: None,
+            message: format!(
+                "a limiter holds at most {MAX_RULES} distinct quotas over its life (plan changes \
+                 included); build a new limiter for a new set"
+            ),
+        });
+    }
+    rules.push(rule);
+    Ok((rules.len() - 1) as RuleId)
+}
+
+#[cold]
+fn unknown_plan(id: PlanId) -> Error {
+    Error::UnknownPlan(format!("#{}", id.0))
+}
+
+/// The current book behind one plain load.
+///
+/// Plan changes are rare (a config reload), so every book ever installed is kept until the
+/// limiter drops: a reader never needs a reference count or a guard, and a check reads the
+/// current book with one Acquire load of a pointer that no core writes on the hot path.
+pub(crate) struct Books {
+    current: AtomicPtr<Book>,
+    /// Owns every installed book, the current one included. Only `install` pushes. The boxes
+    /// give each book an address that stays put while the Vec grows.
+    #[allow(clippy::vec_box)]
+    all: crate::sync::Mutex<Vec<Box<Book>>>,
+}
+
+impl Books {
+    pub(crate) fn new(book: Book) -> Self {
+        let mut first = Box::new(book);
+        let current = AtomicPtr::new(&mut *first as *mut Book);
+        Books {
+            current,
+            all: crate::sync::Mutex::new(vec![first]),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn current(&self) -> &Book {
+        // Acquire: pairs with the Release store in `install`, so the book's contents, written
+        // before it was published, are visible here.
+        let p = self.current.load(Ordering::Acquire);
+        // SAFETY: `p` points into a Box owned by `all`, which only ever grows and is dropped
+        // with `self`; the returned borrow cannot outlive `self`. Books are never mutated after
+        // being published.
+        unsafe { &*p }
+    }
+
+    pub(crate) fn install(&self, book: Book) {
+        let mut all = crate::sync::lock(&self.all);
+        let mut boxed = Box::new(book);
+        let p = &mut *boxed as *mut Book;
+        all.push(boxed);
+        // Release: pairs with the Acquire load in `current`.
+        self.current.store(p, Ordering::Release);
+    }
+}

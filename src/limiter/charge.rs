@@ -1,0 +1,635 @@
+//! The charge path: one call against every part of a plan, each part the state of one
+//! (key, rule), all or nothing, with exact refunds; and the compound limits across keys built on
+//! it ([`check_all`], the HTTP layer's charges).
+//!
+//! On the flat store a word-cell part is its slot: found with one probe of the (key, rule) hash
+//! and charged with one compare-and-swap, no lock and no allocation; a new state is claimed under
+//! its shard's write lock. Sliding logs live in the store's side map (one lock per call, as
+//! the log itself takes). A denial by part `i` refunds parts `0..i` through the same slots and
+//! only peeks the rest, for the latest `retry_after`.
+
+use std::hash::Hash;
+
+use super::book::{Book, Compiled, MAX_PARTS, PartRule, PlanId};
+use super::{Limiter, Map};
+use crate::cell::{self, Applied, Cell, Mode};
+use crate::clock::Clock;
+use crate::decision::{Decision, Reason};
+use crate::error::Error;
+use crate::quota::Kind;
+use crate::stats::Count;
+use crate::store::flat::Found;
+use crate::store::{FlatStore, Fresh, Full, RuleId, Store, rule_hash};
+
+/// One call's outcome on every part of a plan.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Outcome {
+    /// The merged decision (before the plan's soft strategy).
+    pub(crate) decision: Decision,
+    /// Each part's own decision, in the plan's order; `None` past its parts.
+    pub(crate) parts: [Option<Decision>; MAX_PARTS],
+    /// What a refund of each part needs: its rule and token; `None` where nothing stays charged.
+    pub(crate) tokens: [Option<(RuleId, u64)>; MAX_PARTS],
+    /// Compare-and-swap attempts lost to other threads.
+    pub(crate) retries: u32,
+}
+
+impl Outcome {
+    fn new(decision: Decision) -> Outcome {
+        Outcome {
+            decision,
+            parts: [None; MAX_PARTS],
+            tokens: [None; MAX_PARTS],
+            retries: 0,
+        }
+    }
+
+    /// True when a part stays charged (only then is there anything to refund).
+    pub(crate) fn charged(&self) -> bool {
+        self.tokens.iter().any(Option::is_some)
+    }
+}
+
+/// What taking a charge back needs: the key's hash, the cost and each charged part's token.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct Undo {
+    hash: u64,
+    cost: u64,
+    /// The limiter's reset count when the charge was made.
+    resets: u64,
+    tokens: [Option<(RuleId, u64)>; MAX_PARTS],
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// Charges (or peeks, by `mode`) `cost` units for `key`, hashed to `hash` (see
+    /// [`key_hash`](Self::key_hash)), on every part of `plan`, all or nothing: the merged
+    /// decision and the compare-and-swap retries. `Err(Full)` when a part's state is new and
+    /// the table is full (nothing then stays charged).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(crate) fn charge(
+        &self,
+        book: &Book,
+        key: &K,
+        hash: u64,
+        plan: &Compiled,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<(Decision, u32), Full> {
+        if let [part] = plan.parts.as_slice() {
+            if let Some(out) = self.blocked(key, hash, plan, now) {
+                return Ok((out.decision, 0));
+            }
+            let a =
+                self.apply_part(book, key, hash, part, plan.headroom, now, cost, mode, false)?;
+            return Ok((a.decision, a.retries));
+        }
+        let out = self.charge_parts(book, key, hash, plan, now, cost, mode)?;
+        Ok((out.decision, out.retries))
+    }
+
+    /// Every part of `plan` denied by a penalty, when `key` is under one at `now`.
+    #[inline(always)]
+    fn blocked(&self, key: &K, hash: u64, plan: &Compiled, now: u64) -> Option<Outcome> {
+        if !self.penalties.maybe(hash) {
+            return None;
+        }
+        let until = self.penalties.until(hash, key);
+        (until > now).then(|| blocked_outcome(plan, until - now))
+    }
+
+    /// [`charge`](Self::charge) with each part's decision and refund token, for a plan of any
+    /// number of parts.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    pub(crate) fn charge_parts(
+        &self,
+        book: &Book,
+        key: &K,
+        hash: u64,
+        plan: &Compiled,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Outcome, Full> {
+        if let Some(out) = self.blocked(key, hash, plan, now) {
+            return Ok(out);
+        }
+        if let Map::Flat(s) = &self.store {
+            // Every part's slot is asked for before the first is read, so their cache misses
+            // overlap instead of following one another.
+            for part in &plan.parts {
+                s.prefetch(rule_hash(hash, part.id));
+            }
+        }
+        let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
+        let mut denied = false;
+        for (i, part) in plan.parts.iter().enumerate() {
+            let m = if denied { Mode::Peek } else { mode };
+            let a = match self.apply_part(book, key, hash, part, plan.headroom, now, cost, m, true)
+            {
+                Ok(a) => a,
+                Err(Full) => {
+                    self.refund(book, key, hash, cost, &mut out.tokens, now);
+                    return Err(Full);
+                }
+            };
+            out.retries += a.retries;
+            out.parts[i] = Some(a.decision);
+            if !denied {
+                out.tokens[i] = a.token.map(|t| (part.id, t));
+                if !a.decision.allowed {
+                    denied = true;
+                    if i > 0 {
+                        self.refund(book, key, hash, cost, &mut out.tokens, now);
+                        // Parts charged and then refunded report what they hold without it.
+                        for d in out.parts[..i].iter_mut().flatten() {
+                            d.remaining = (d.remaining + cost).min(d.limit);
+                        }
+                    }
+                }
+            }
+        }
+        let mut merged: Option<Decision> = None;
+        for d in out.parts.iter().flatten() {
+            match &mut merged {
+                Some(m) => m.merge(d),
+                None => merged = Some(*d),
+            }
+        }
+        out.decision = merged.unwrap_or(out.decision);
+        Ok(out)
+    }
+
+    /// Applies one call to the state of (`key`, `part`): `with_token` asks for the token a
+    /// refund needs.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn apply_part(
+        &self,
+        book: &Book,
+        key: &K,
+        hash: u64,
+        part: &PartRule,
+        headroom: u64,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+        with_token: bool,
+    ) -> Result<Applied, Full> {
+        match &self.store {
+            Map::Flat(s) if part.rule.kind != Kind::Log => {
+                self.apply_inline(s, book, hash, part, headroom, now, cost, mode, with_token)
+            }
+            Map::Flat(s) => self.apply_cell(s, book, key, part, headroom, now, cost, mode),
+            Map::Dash(s) => self.apply_cell(s, book, key, part, headroom, now, cost, mode),
+        }
+    }
+
+    /// [`apply_part`](Self::apply_part) for a word-cell part on the flat store: its slot.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn apply_inline(
+        &self,
+        s: &FlatStore<K>,
+        book: &Book,
+        hash: u64,
+        part: &PartRule,
+        headroom: u64,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+        with_token: bool,
+    ) -> Result<Applied, Full> {
+        let rule = &part.rule;
+        let h = rule_hash(hash, part.id);
+        loop {
+            match s.find(h) {
+                Found::Inline { slot, tag, word } => {
+                    let slot = cell::Inline { slot, tag };
+                    let applied = if with_token {
+                        cell::apply_inline_part(&slot, word, now, cost, rule, headroom, mode)
+                    } else {
+                        cell::apply_inline(&slot, word, now, cost, rule, headroom, mode)
+                    };
+                    if let Some(a) = applied {
+                        return Ok(a);
+                    }
+                    // Removed under us (swept, reset, evicted): look again.
+                }
+                // A word rule's state is never spilled; a marker with this rule's id in its tag
+                // is another key's log state of the same fingerprint: shared, as collisions are.
+                Found::Spilled | Found::Absent => {
+                    // A state never seen starts where the plan's previous rules left the key.
+                    let (start, from) = self.inherited_word(s, book, hash, part, now);
+                    let step =
+                        cell::decide_word(start, now, cost, rule, headroom, mode.previewed());
+                    if mode.is_peek() {
+                        return Ok(Applied {
+                            decision: step.decision,
+                            token: None,
+                            retries: 0,
+                        });
+                    }
+                    if s.refuses_new_keys() {
+                        return Err(Full);
+                    }
+                    // Insertion and first charge are one write (a denial claims the start).
+                    let first = step.next.unwrap_or(start);
+                    if s.insert_inline(h, first, self.fresh(book, now, true))? {
+                        if let Some((old, word)) = from {
+                            // Moved: the old rule's state goes (unless a check on a book from
+                            // before the change charged it meanwhile: then it stays, stricter).
+                            s.remove_if(rule_hash(hash, old), Some(word));
+                        }
+                        return Ok(Applied {
+                            decision: step.decision,
+                            token: step.next.map(|w| cell::token_of(rule.kind, w)),
+                            retries: 0,
+                        });
+                    }
+                    // Inserted by another thread meanwhile: charge that.
+                }
+            }
+        }
+    }
+
+    /// [`apply_part`](Self::apply_part) through a store's cells (sliding logs; every part on
+    /// the dash store).
+    #[allow(clippy::too_many_arguments)]
+    fn apply_cell<S: Store<K>>(
+        &self,
+        s: &S,
+        book: &Book,
+        key: &K,
+        part: &PartRule,
+        headroom: u64,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Applied, Full> {
+        let apply = |c: &Cell| c.apply(now, cost, &part.rule, headroom, mode);
+        if let Some(a) = s.with(key, part.id, apply) {
+            return Ok(a);
+        }
+        // Looked up before the insert, which holds the store's lock while it builds the cell.
+        let (start, from) = self.inherited_cell(s, book, key, part, now);
+        if mode.is_peek() {
+            return Ok(apply(&start));
+        }
+        let a = s.with_or_insert(key, part.id, || start, self.fresh(book, now, true), apply)?;
+        if let Some(old) = from {
+            // Moved: the old rule's state goes.
+            s.remove(key, old);
+        }
+        Ok(a)
+    }
+
+    /// Where a new inline state of `part` starts: the key's state under the latest rule of the
+    /// part's lineage that it has, carried over (with that rule and the word it held, to remove
+    /// once the new state is in); else fresh (0).
+    fn inherited_word(
+        &self,
+        s: &FlatStore<K>,
+        book: &Book,
+        hash: u64,
+        part: &PartRule,
+        now: u64,
+    ) -> (u64, Option<(RuleId, u64)>) {
+        for &old in &part.lineage {
+            let rule = &book.rules[usize::from(old)];
+            if let Found::Inline { word, .. } = s.find(rule_hash(hash, old)) {
+                return (
+                    cell::migrate_word(word, now, rule, &part.rule),
+                    Some((old, word)),
+                );
+            }
+        }
+        (0, None)
+    }
+
+    /// [`inherited_word`](Self::inherited_word) for a store's cells.
+    fn inherited_cell<S: Store<K>>(
+        &self,
+        s: &S,
+        book: &Book,
+        key: &K,
+        part: &PartRule,
+        now: u64,
+    ) -> (Cell, Option<RuleId>) {
+        for &old in &part.lineage {
+            let rule = &book.rules[usize::from(old)];
+            if let Some(c) = s.with(key, old, |c| c.migrate(now, rule, &part.rule)) {
+                return (c, Some(old));
+            }
+        }
+        (Cell::fresh(part.rule.kind), None)
+    }
+
+    /// Takes back every charge in `tokens` (clearing them).
+    pub(crate) fn refund(
+        &self,
+        book: &Book,
+        key: &K,
+        hash: u64,
+        cost: u64,
+        tokens: &mut [Option<(RuleId, u64)>; MAX_PARTS],
+        now: u64,
+    ) {
+        for (id, token) in tokens.iter_mut().filter_map(Option::take) {
+            let rule = &book.rules[usize::from(id)];
+            match &self.store {
+                Map::Flat(s) if rule.kind != Kind::Log => {
+                    if let Found::Inline { slot, tag, word } = s.find(rule_hash(hash, id)) {
+                        let slot = cell::Inline { slot, tag };
+                        // A slot removed meanwhile (a reset) holds nothing left to take back.
+                        let _ = cell::refund_inline(&slot, word, cost, rule, token, now);
+                    }
+                }
+                Map::Flat(s) => {
+                    s.with(key, id, |c| c.refund(cost, rule, token, now));
+                }
+                Map::Dash(s) => {
+                    s.with(key, id, |c| c.refund(cost, rule, token, now));
+                }
+            }
+        }
+    }
+
+    /// Resets so far (see the field).
+    fn resets(&self) -> u64 {
+        // Acquire: pairs with `reset`'s AcqRel increment.
+        self.resets.load(crate::sync::Ordering::Acquire)
+    }
+
+    /// The freshness test for sweeps and evictions at `now` (less the grace), counting
+    /// evictions when `evictions` is set.
+    pub(crate) fn fresh<'a>(&'a self, book: &'a Book, now: u64, evictions: bool) -> Fresh<'a> {
+        Fresh {
+            now: now.saturating_sub(self.sweep_grace_ns),
+            rules: &book.rules,
+            evictions: evictions.then_some(&self.counters),
+        }
+    }
+}
+
+/// Every part of `plan` denied by a penalty that ends in `wait` ns.
+fn blocked_outcome(plan: &Compiled, wait: u64) -> Outcome {
+    let d = Decision {
+        limit: plan.parts[0].rule.capacity,
+        reset_after_ns: wait,
+        ..Decision::denied(Reason::Blocked, wait)
+    };
+    let mut out = Outcome::new(d);
+    for (slot, part) in out.parts.iter_mut().zip(&plan.parts) {
+        *slot = Some(Decision {
+            limit: part.rule.capacity,
+            ..d
+        });
+    }
+    out
+}
+
+/// A key bound to its limiter and plan: one part of a cross-key compound limit ([`check_all`]).
+pub struct Bound<'a, K, C> {
+    pub(crate) limiter: &'a Limiter<K, C>,
+    pub(crate) key: &'a K,
+    pub(crate) plan: PlanId,
+}
+
+impl<K, C> std::fmt::Debug for Bound<'_, K, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bound")
+            .field("plan", &self.plan)
+            .finish_non_exhaustive()
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// One part of a compound limit across keys: a [`Bound`] key. Sealed.
+pub trait Part: sealed::Sealed {
+    /// Charges the part: its decision, what a refund needs, and the compare-and-swap retries.
+    #[doc(hidden)]
+    fn charge_part(&self, cost: u64) -> Result<(Decision, Option<Undo>, u32), Error>;
+    #[doc(hidden)]
+    fn undo_part(&self, undo: Undo);
+    /// Counts the compound decision in the part's stats, with the part's own retries.
+    #[doc(hidden)]
+    fn record(&self, decision: &Decision, retries: u32);
+}
+
+impl<K, C> sealed::Sealed for Bound<'_, K, C> {}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, K, C> {
+    fn charge_part(&self, cost: u64) -> Result<(Decision, Option<Undo>, u32), Error> {
+        let l = self.limiter;
+        let book = l.book.current();
+        let plan = book.get(self.plan)?;
+        plan.check_cost(cost)?;
+        let now = super::clamp_now(l.clock.now());
+        let hash = l.key_hash(self.key);
+        let resets = l.resets();
+        match l.charge_tokens(book, self.key, hash, plan, now, cost, Mode::Check) {
+            Ok(out) => {
+                let undo = (out.decision.allowed && out.charged()).then_some(Undo {
+                    hash,
+                    cost,
+                    resets,
+                    tokens: out.tokens,
+                });
+                Ok((out.decision, undo, out.retries))
+            }
+            Err(Full) => Ok((l.table_full(plan), None, 0)),
+        }
+    }
+
+    fn undo_part(&self, mut undo: Undo) {
+        let l = self.limiter;
+        if l.resets() != undo.resets {
+            // A reset came between: the state may be a new one, which owes this charge nothing.
+            return;
+        }
+        let now = super::clamp_now(l.clock.now());
+        l.refund(
+            l.book.current(),
+            self.key,
+            undo.hash,
+            undo.cost,
+            &mut undo.tokens,
+            now,
+        );
+    }
+
+    fn record(&self, d: &Decision, retries: u32) {
+        self.limiter.counters.count(Count::of(d), retries);
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// [`charge`](Self::charge) with a refund token for every part, a single-part plan too
+    /// (a part of a cross-key limit, an HTTP rule).
+    #[allow(clippy::too_many_arguments)]
+    fn charge_tokens(
+        &self,
+        book: &Book,
+        key: &K,
+        hash: u64,
+        plan: &Compiled,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Outcome, Full> {
+        if let [part] = plan.parts.as_slice() {
+            if let Some(out) = self.blocked(key, hash, plan, now) {
+                return Ok(out);
+            }
+            let a = self.apply_part(book, key, hash, part, plan.headroom, now, cost, mode, true)?;
+            let mut out = Outcome::new(a.decision);
+            out.parts[0] = Some(a.decision);
+            out.tokens[0] = a.token.map(|t| (part.id, t));
+            out.retries = a.retries;
+            return Ok(out);
+        }
+        self.charge_parts(book, key, hash, plan, now, cost, mode)
+    }
+}
+
+/// Parts of a [`check_all`] whose undo records live on the stack.
+const STACK_PARTS: usize = 8;
+
+/// Checks `cost` units against every part (per-user AND global, across limiters and key types),
+/// all or nothing: when any part denies, the parts already charged are refunded, so nothing stays
+/// charged; no part ever admits beyond its own bound. Parts are charged in order, so list the
+/// most likely to deny first. Strategies of the parts' plans do not apply here (hard denial).
+/// Each part is its limiter's (key, rule) states, charged as [`Limiter::check_in`] charges them:
+/// no lock and no allocation for up to eight parts on the flat store.
+///
+/// A refund happens after the charge, so for that instant a concurrent request on the same key
+/// may be denied when it would otherwise pass (never admitted when it should not be).
+///
+/// ```
+/// use tollgate::{check_all, FakeClock, Limiter, Quota};
+/// let clock = FakeClock::new();
+/// let per_user = Limiter::<u64>::builder().quota(Quota::per_second(2)).clock(clock.clone()).build().unwrap();
+/// let global = Limiter::<()>::builder().quota(Quota::per_second(3)).clock(clock.clone()).build().unwrap();
+/// let mut admitted = 0;
+/// for user in [1, 1, 1, 2, 2] {
+///     if check_all(&[&per_user.key(&user), &global.key(&())], 1).unwrap().is_allowed() {
+///         admitted += 1;
+///     }
+/// }
+/// assert_eq!(admitted, 3); // user 1: 2 of 3; user 2: 1 of 2, the global limit is spent
+/// ```
+pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
+    // Each part's undo record and retries.
+    let mut stack: [(Option<Undo>, u32); STACK_PARTS] = [(None, 0); STACK_PARTS];
+    let mut heap: Vec<(Option<Undo>, u32)> = Vec::new();
+    let undos: &mut [(Option<Undo>, u32)] = if parts.len() <= STACK_PARTS {
+        &mut stack[..parts.len()]
+    } else {
+        heap.resize(parts.len(), (None, 0));
+        &mut heap
+    };
+    let mut merged: Option<Decision> = None;
+    let mut result = Ok(());
+    for (part, undo) in parts.iter().zip(undos.iter_mut()) {
+        match part.charge_part(cost) {
+            Ok((d, u, retries)) => {
+                *undo = (u, retries);
+                let denied = !d.allowed;
+                match &mut merged {
+                    Some(m) => m.merge(&d),
+                    None => merged = Some(d),
+                }
+                if denied {
+                    break;
+                }
+            }
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    let d = merged.unwrap_or_else(|| Decision::denied(Reason::Limited, 0));
+    if !d.allowed || result.is_err() {
+        for (part, (undo, _)) in parts.iter().zip(undos.iter_mut()) {
+            if let Some(u) = undo.take() {
+                part.undo_part(u);
+            }
+        }
+    }
+    result?;
+    for (part, &(_, retries)) in parts.iter().zip(undos.iter()) {
+        part.record(&d, retries);
+    }
+    Ok(d)
+}
+
+/// One charge with every part's decision: what [`Limiter::charge_detailed`] returns.
+#[cfg(feature = "http")]
+#[derive(Debug)]
+pub(crate) struct Detailed {
+    /// The merged decision, with the plan's strategy applied (as [`Limiter::check_in`] answers).
+    pub(crate) decision: Decision,
+    /// Each part's own decision, in the plan's quota order; `None` past the plan's parts.
+    pub(crate) parts: [Option<Decision>; MAX_PARTS],
+    /// What it takes to refund the charge (only when it was admitted and charged something).
+    pub(crate) undo: Option<Undo>,
+    /// The clock reading the decision was made at (ns since the clock's epoch).
+    pub(crate) now: u64,
+}
+
+#[cfg(feature = "http")]
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// [`check_in`](Self::check_in) (or a peek or a reservation, by `mode`) that also reports
+    /// each part's decision and can be undone with [`Part::undo_part`] on
+    /// [`key_in`](Self::key_in)`(key, plan)`. Counts in the stats like `check_in`.
+    pub(crate) fn charge_detailed(
+        &self,
+        key: &K,
+        plan: PlanId,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Detailed, Error> {
+        let book = self.book.current();
+        let plan = book.get(plan)?;
+        plan.check_cost(cost)?;
+        let mode = plan.mode(mode);
+        let now = super::clamp_now(self.clock.now());
+        let hash = self.key_hash(key);
+        let resets = self.resets();
+        let out = match self.charge_tokens(book, key, hash, plan, now, cost, mode) {
+            Ok(out) => out,
+            Err(Full) => {
+                let mut out = Outcome::new(self.table_full(plan));
+                for (p, part) in out.parts.iter_mut().zip(&plan.parts) {
+                    *p = Some(Decision {
+                        limit: part.rule.capacity,
+                        ..out.decision
+                    });
+                }
+                out
+            }
+        };
+        let mut d = out.decision;
+        self.settle(plan, &mut d, out.retries, mode);
+        let undo = (d.allowed && out.charged() && !mode.is_peek()).then_some(Undo {
+            hash,
+            cost,
+            resets,
+            tokens: out.tokens,
+        });
+        Ok(Detailed {
+            decision: d,
+            parts: out.parts,
+            undo,
+            now,
+        })
+    }
+}

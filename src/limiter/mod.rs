@@ -1,0 +1,833 @@
+//! The public face: builder, checks, plans, penalties, sweeping, stats. The plans and their rule
+//! table are in [`book`], the charge path and compound limits in [`charge`], penalties in
+//! [`penalty`].
+
+mod book;
+mod charge;
+mod penalty;
+
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use book::{MAX_PARTS, Plan, PlanId, Strategy};
+#[cfg(feature = "http")]
+pub(crate) use charge::Detailed;
+pub use charge::{Bound, Part, check_all};
+
+use crate::cell::Mode;
+use crate::clock::{Clock, MonotonicClock, nanos};
+use crate::decision::{Decision, Reason};
+use crate::error::Error;
+use crate::quota::Quota;
+use crate::stats::{Count, Counters, Stats};
+use crate::store::flat::Found;
+use crate::store::{DashStore, FlatStore, Full, OnFull, Store, StoreKind, rule_hash};
+use crate::sweep::{self, Sweep, Sweeper};
+use crate::sync::AtomicUsize;
+use book::{Book, Books, Compiled};
+use penalty::Penalties;
+
+/// Builds a [`Limiter`].
+pub struct Builder<K, C = MonotonicClock> {
+    quotas: Vec<Quota>,
+    strategy: Strategy,
+    plans: Vec<(String, Plan)>,
+    max_keys: usize,
+    on_full: OnFull,
+    store: StoreKind,
+    shards: usize,
+    full_retry: Duration,
+    sweep_grace: Duration,
+    clock: C,
+    key: PhantomData<fn(K)>,
+}
+
+impl<K, C: Clock> Builder<K, C> {
+    /// Adds a quota to the default plan (several quotas: a compound limit on each key).
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.quotas.push(quota);
+        self
+    }
+    /// The default plan's strategy.
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+    /// Adds a named plan. Without [`quota`](Self::quota) calls, the first plan added is the
+    /// default one.
+    pub fn plan(mut self, name: impl Into<String>, plan: Plan) -> Self {
+        self.plans.push((name.into(), plan));
+        self
+    }
+    /// Adds every plan of a parsed configuration (see [`PlanConfig`](crate::PlanConfig)).
+    pub fn plans(mut self, config: crate::plan::PlanConfig) -> Self {
+        self.plans.extend(config.into_plans());
+        self
+    }
+    /// The most states the table holds (default 1,000,000): one per (key, rule) in use, so a
+    /// key checked under a compound plan of two quotas holds two, and two plans that share a
+    /// quota share its state. Accepted: 1 and up; a table that cannot be mapped at that size
+    /// falls back to the dash store (see [`Limiter::store_kind`]).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+    /// What to do with a new key when the table is full (default: deny it).
+    pub fn on_full(mut self, on_full: OnFull) -> Self {
+        self.on_full = on_full;
+        self
+    }
+    /// Which map holds the keys (default [`StoreKind::Flat`]).
+    pub fn store(mut self, kind: StoreKind) -> Self {
+        self.store = kind;
+        self
+    }
+    /// Number of shards of the map (default: 4 per core, a power of two).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+    /// The `retry_after` given to a new key denied because the table is full (default 1 s).
+    pub fn full_retry_after(mut self, d: Duration) -> Self {
+        self.full_retry = d;
+        self
+    }
+    /// Sweeping and eviction remove only state that was already fresh this long ago (default
+    /// 1 s). A check that read its clock before a sweep and runs after it finds a fresh key; the
+    /// grace makes that harmless for any check whose clock reading is at most this stale.
+    pub fn sweep_grace(mut self, grace: Duration) -> Self {
+        self.sweep_grace = grace;
+        self
+    }
+    /// The time source (default [`MonotonicClock`]).
+    pub fn clock<C2: Clock>(self, clock: C2) -> Builder<K, C2> {
+        Builder {
+            quotas: self.quotas,
+            strategy: self.strategy,
+            plans: self.plans,
+            max_keys: self.max_keys,
+            on_full: self.on_full,
+            store: self.store,
+            shards: self.shards,
+            full_retry: self.full_retry,
+            sweep_grace: self.sweep_grace,
+            clock,
+            key: PhantomData,
+        }
+    }
+
+    /// Checks every quota and builds the limiter.
+    pub fn build(self) -> Result<Limiter<K, C>, Error>
+    where
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+    {
+        if self.max_keys == 0 {
+            return Err(Error::ZeroMaxKeys);
+        }
+        let mut plans = Vec::with_capacity(self.plans.len() + 1);
+        if !self.quotas.is_empty() {
+            plans.push((
+                "default".to_string(),
+                Plan::new(self.quotas).strategy(self.strategy),
+            ));
+        }
+        plans.extend(self.plans);
+        if plans.is_empty() {
+            return Err(Error::NoQuota);
+        }
+        let store = Map::new(self.store, self.shards, self.max_keys, self.on_full);
+        let inline = matches!(store, Map::Flat(_));
+        let book = Book::compile(&plans, self.clock.unix_epoch_ns(), None, inline)?;
+        Ok(Limiter {
+            store,
+            book: Books::new(book),
+            plans: crate::sync::Mutex::new(plans),
+            penalties: Penalties::new(self.max_keys),
+            clock: self.clock,
+            counters: Counters::new(),
+            sweep_cursor: AtomicUsize::new(0),
+            full_retry_ns: nanos(self.full_retry),
+            sweep_grace_ns: nanos(self.sweep_grace),
+            resets: crate::sync::AtomicU64::new(0),
+        })
+    }
+}
+
+/// A keyed rate limiter: any `K: Hash + Eq` (u64, `IpAddr`, `String`, tuples for composite keys).
+///
+/// Every (key, rule) has its own state: a key checked under several plans keeps one state per
+/// distinct quota, so no plan ever admits above its own bound, whatever other plans share the
+/// key. On the default flat store, a check of a known state is lock-free (one compare-and-swap
+/// when admitted, a plain load when denied).
+///
+/// Changing a plan on a live limiter ([`set_plan`](Self::set_plan)) keeps what keys have spent
+/// under it: a part whose quota changed starts, for each key, from the key's state under the
+/// part's previous quota, carried over lazily on the key's next call (a bucket keeps its debt in
+/// units, re-measured in the new emission interval and capped at the new burst; a window keeps
+/// its counts; a log keeps its entries; a part whose algorithm changes starts fresh). The carry
+/// is a copy, made once, only along a plan's own changes: two live plans never carry state into
+/// each other.
+///
+/// ```
+/// use tollgate::{FakeClock, Limiter, Quota};
+/// let clock = FakeClock::new();
+/// let limiter = Limiter::<&str>::builder()
+///     .quota(Quota::per_second(1).burst(2))
+///     .clock(clock.clone())
+///     .build()
+///     .unwrap();
+/// assert!(limiter.check(&"alice").is_allowed());
+/// assert!(limiter.check(&"alice").is_allowed());
+/// let denied = limiter.check(&"alice");
+/// assert!(!denied.is_allowed());
+/// assert_eq!(denied.retry_after().as_millis(), 1000);
+/// ```
+pub struct Limiter<K, C = MonotonicClock> {
+    store: Map<K>,
+    book: Books,
+    /// The plans as configured, for rebuilding the book on a change.
+    plans: crate::sync::Mutex<Vec<(String, Plan)>>,
+    penalties: Penalties<K>,
+    clock: C,
+    counters: Counters,
+    sweep_cursor: AtomicUsize,
+    full_retry_ns: u64,
+    /// Sweeping and eviction judge freshness this long in the past (see `Builder::sweep_grace`).
+    sweep_grace_ns: u64,
+    /// Calls of [`reset`](Self::reset) so far: a refund across calls ([`Undo`](charge::Undo))
+    /// is dropped when a reset came between its charge and it, so it never lands on a state
+    /// that the reset started afresh.
+    resets: crate::sync::AtomicU64,
+}
+
+impl<K, C: std::fmt::Debug> std::fmt::Debug for Limiter<K, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let book = self.book.current();
+        f.debug_struct("Limiter")
+            .field("flat_store", &matches!(self.store, Map::Flat(_)))
+            .field(
+                "plans",
+                &book.plans.iter().map(|p| &p.name).collect::<Vec<_>>(),
+            )
+            .field("rules", &book.rules.len())
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The store a limiter was built with (see [`StoreKind`]).
+enum Map<K> {
+    Dash(DashStore<K>),
+    Flat(FlatStore<K>),
+}
+
+/// Runs `$body` with `$s` bound to whichever store `$map` holds.
+macro_rules! on_store {
+    ($map:expr, $s:ident => $body:expr) => {
+        match $map {
+            Map::Dash($s) => $body,
+            Map::Flat($s) => $body,
+        }
+    };
+}
+
+impl<K: Hash + Eq + Clone> Map<K> {
+    fn new(kind: StoreKind, shards: usize, max_keys: usize, on_full: OnFull) -> Self {
+        if kind == StoreKind::Flat {
+            if let Some(s) = FlatStore::new(shards, max_keys, on_full) {
+                return Map::Flat(s);
+            }
+        }
+        Map::Dash(DashStore::new(shards, max_keys, on_full))
+    }
+}
+
+impl<K> Limiter<K, MonotonicClock> {
+    /// A builder with no quota, the monotonic clock, 1,000,000 states at most, new states
+    /// denied when full.
+    pub fn builder() -> Builder<K, MonotonicClock> {
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+        Builder {
+            quotas: Vec::new(),
+            strategy: Strategy::Hard,
+            plans: Vec::new(),
+            max_keys: 1_000_000,
+            on_full: OnFull::Deny,
+            store: StoreKind::default(),
+            shards: cores * 4,
+            full_retry: Duration::from_secs(1),
+            sweep_grace: Duration::from_secs(1),
+            clock: MonotonicClock::new(),
+            key: PhantomData,
+        }
+    }
+}
+
+/// A soft strategy lets an over-quota request through, flagged.
+#[inline(always)]
+fn soften(plan: &Compiled, d: &mut Decision) {
+    if plan.strategy == Strategy::Soft {
+        soften_limited(d);
+    }
+}
+
+/// [`soften`] under a soft strategy: an over-quota denial passes, flagged.
+#[inline(always)]
+fn soften_limited(d: &mut Decision) {
+    if !d.allowed && d.reason == Reason::Limited {
+        d.allowed = true;
+        d.reason = Reason::SoftLimit;
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// Checks one unit for `key` under the default plan.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Quota, Reason};
+    /// let limiter = Limiter::<u64>::builder().quota(Quota::per_minute(60).burst(2)).build()?;
+    /// assert!(limiter.check(&7).is_allowed());
+    /// assert!(limiter.check(&7).is_allowed());
+    /// let third = limiter.check(&7);
+    /// assert_eq!(third.reason(), Reason::Limited);
+    /// assert!(third.retry_after().as_millis() > 900); // about one second: 60 a minute
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    // Always inlined: the short path is small (the rest is out of line in `check_general`), and
+    // inlined into its caller it drops the work for the decision's fields the caller never
+    // reads.
+    #[inline(always)]
+    pub fn check(&self, key: &K) -> Decision {
+        match &self.store {
+            Map::Flat(s) => {
+                let hash = s.hash(key);
+                let now = clamp_now(self.clock.now());
+                match self.check_inline(s, hash, now) {
+                    Some(d) => d,
+                    None => self.check_general(key, hash, now),
+                }
+            }
+            Map::Dash(_) => {
+                self.check_general(key, self.key_hash(key), clamp_now(self.clock.now()))
+            }
+        }
+    }
+
+    /// [`check`](Self::check) on the general path (out of line, so the short one stays small).
+    #[inline(never)]
+    fn check_general(&self, key: &K, hash: u64, now: u64) -> Decision {
+        self.decide_at(key, hash, PlanId::DEFAULT, 1, Mode::Check, now)
+            .unwrap_or_else(|_| Decision::denied(Reason::Limited, 0))
+    }
+
+    /// The shortest path, for [`check`](Self::check) and [`check_many`](Self::check_many): one
+    /// unit under the default plan at `now` for a key whose state is in its flat-store slot.
+    /// The same decision, state and count as [`decide_at`](Self::decide_at); `None` when it does
+    /// not apply (a new state, a default plan the short path does not serve, a key that may be
+    /// under a penalty, a slot removed under us), having changed nothing.
+    ///
+    /// The clock is read before the probe: issued first, the TSC read overlaps the probe's loads.
+    #[inline(always)]
+    fn check_inline(&self, s: &FlatStore<K>, hash: u64, now: u64) -> Option<Decision> {
+        let plan = self.book.current().inline.as_ref()?;
+        if self.penalties.maybe(hash) {
+            return None;
+        }
+        let Found::Inline { slot, tag, word } = s.find(rule_hash(hash, plan.id)) else {
+            return None;
+        };
+        let slot = crate::cell::Inline { slot, tag };
+        let tally = self.counters.tally();
+        let a =
+            crate::cell::apply_inline(&slot, word, now, 1, &plan.rule, plan.headroom, Mode::Check)?;
+        let mut d = a.decision;
+        // An inline state's denial is over quota (`Reason::Limited`): a new state's table-full
+        // denial and a blocked key's are decided on the general path.
+        let count = if d.allowed {
+            Count::Allowed
+        } else if plan.soft {
+            soften_limited(&mut d);
+            Count::of(&d)
+        } else {
+            Count::Denied
+        };
+        debug_assert_eq!(count, Count::of(&d));
+        tally.add(count, a.retries);
+        Some(d)
+    }
+
+    /// The hash a key's states and penalty are found by: the flat store's (each rule's slot is
+    /// then [`rule_hash`] of it), or the penalty table's own on the dash store.
+    #[inline]
+    pub(crate) fn key_hash(&self, key: &K) -> u64 {
+        match &self.store {
+            Map::Flat(s) => s.hash(key),
+            Map::Dash(_) => self.penalties.hash(key),
+        }
+    }
+
+    /// Where `key`'s default-plan state sits in the flat store, for tests (see
+    /// `FlatStore::placement`).
+    #[cfg(test)]
+    pub(crate) fn placement(&self, key: &K) -> Option<(usize, bool)> {
+        let id = self.book.current().plans[0].parts[0].id;
+        match &self.store {
+            Map::Flat(s) => s.placement(rule_hash(s.hash(key), id)),
+            Map::Dash(_) => None,
+        }
+    }
+
+    /// Makes the flat store's sweeps remove keys one `cmpxchg16b` at a time, as on a CPU
+    /// without RTM, for tests of that path.
+    #[cfg(test)]
+    pub(crate) fn without_rtm(mut self) -> Self {
+        if let Map::Flat(s) = &mut self.store {
+            s.without_rtm();
+        }
+        self
+    }
+
+    /// For tests of the flat store's sweep: (whether it removes in transactions, removals of
+    /// fresh-looking keys that a charge beat so far); `None` on the dash store.
+    #[cfg(test)]
+    pub(crate) fn sweep_races(&self) -> Option<(bool, usize)> {
+        match &self.store {
+            Map::Flat(s) => Some((s.uses_rtm(), s.lost_removals())),
+            Map::Dash(_) => None,
+        }
+    }
+
+    /// For tests of the flat store's pass counts (see `FlatStore::wrong_pass_counts`): the
+    /// groups whose count is wrong, and the largest count; `None` on the dash store.
+    #[cfg(test)]
+    pub(crate) fn pass_counts(&self) -> Option<(Vec<crate::store::flat::WrongPassCount>, u8)> {
+        match &self.store {
+            Map::Flat(s) => Some((s.wrong_pass_counts(), s.max_pass_count())),
+            Map::Dash(_) => None,
+        }
+    }
+
+    /// The address of the flat store's first slot, for tests; `None` on the dash store.
+    #[cfg(test)]
+    pub(crate) fn table_address(&self) -> Option<usize> {
+        match &self.store {
+            Map::Flat(s) => Some(s.table_address()),
+            Map::Dash(_) => None,
+        }
+    }
+
+    /// Makes the flat store's probe and sweep load slots through portable-atomic, as on a CPU
+    /// without the inline `vmovdqa`, for tests of that path.
+    #[cfg(test)]
+    pub(crate) fn without_inline_load(mut self) -> Self {
+        if let Map::Flat(s) = &mut self.store {
+            s.without_inline_load();
+        }
+        self
+    }
+
+    /// Checks `cost` units for `key` under the default plan. A cost above what the plan can ever
+    /// admit is an error, not a denial.
+    ///
+    /// ```
+    /// use tollgate::{Error, Limiter, Quota};
+    /// let limiter = Limiter::<&str>::builder().quota(Quota::per_second(10)).build()?;
+    /// assert_eq!(limiter.check_n(&"upload", 4)?.remaining(), 6);
+    /// assert!(matches!(limiter.check_n(&"upload", 11), Err(Error::CostExceedsCapacity { .. })));
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn check_n(&self, key: &K, cost: u64) -> Result<Decision, Error> {
+        self.decide(key, PlanId::DEFAULT, cost, Mode::Check)
+    }
+
+    /// Checks `cost` units for `key` under `plan` (resolved per request, e.g. from the caller's
+    /// account), with that plan's strategy. Each of the plan's quotas is its own state for the
+    /// key, shared with every other plan that lists an equal quota.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Plan, Quota};
+    /// let limiter = Limiter::<u64>::builder()
+    ///     .plan("free", Plan::new([Quota::per_minute(2)]))
+    ///     .plan("pro", Plan::new([Quota::per_minute(100)]))
+    ///     .build()?;
+    /// let (free, pro) = (limiter.plan("free").unwrap(), limiter.plan("pro").unwrap());
+    /// assert!(limiter.check_in(&1, free, 2)?.is_allowed());
+    /// assert!(!limiter.check_in(&1, free, 1)?.is_allowed());
+    /// // The same key under another plan is another state: free's spending does not count there.
+    /// assert_eq!(limiter.check_in(&1, pro, 1)?.remaining(), 99);
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn check_in(&self, key: &K, plan: PlanId, cost: u64) -> Result<Decision, Error> {
+        self.decide(key, plan, cost, Mode::Check)
+    }
+
+    /// Checks one unit for each of `keys` under the default plan, writing the decision for
+    /// `keys[i]` to `out[i]`; returns how many were checked (the shorter of the two lengths).
+    ///
+    /// The same decisions as calling [`check`](Self::check) in order; for callers holding many
+    /// requests at once (a batch from a socket, a queue), whose table lookups can overlap.
+    ///
+    /// ```
+    /// use tollgate::{Decision, FakeClock, Limiter, Quota};
+    /// let limiter = Limiter::<u64, _>::builder()
+    ///     .quota(Quota::per_second(1))
+    ///     .clock(FakeClock::new())
+    ///     .build()?;
+    /// let keys = [1, 2, 1];
+    /// let mut out = [limiter.peek(&0); 3];
+    /// assert_eq!(limiter.check_many(&keys, &mut out), 3);
+    /// let allowed: Vec<bool> = out.iter().map(Decision::is_allowed).collect();
+    /// assert_eq!(allowed, [true, true, false]);
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    ///
+    /// With the flat store, a batch hashes a chunk of keys and asks the CPU to fetch each one's
+    /// slot before checking the first, so the cache misses of a large table overlap instead of
+    /// following one another. Each chunk is checked at one clock reading.
+    pub fn check_many(&self, keys: &[K], out: &mut [Decision]) -> usize {
+        /// Keys whose slots are in flight at once: enough to cover a DRAM miss with the work of
+        /// the checks before it, few enough for the CPU's line fill buffers.
+        const CHUNK: usize = 16;
+        let n = keys.len().min(out.len());
+        let Map::Flat(s) = &self.store else {
+            for (key, d) in keys[..n].iter().zip(&mut out[..n]) {
+                *d = self.check(key);
+            }
+            return n;
+        };
+        let rule = self.book.current().inline.map_or(0, |p| p.id);
+        let mut hashes = [0u64; CHUNK];
+        for (keys, out) in keys[..n].chunks(CHUNK).zip(out[..n].chunks_mut(CHUNK)) {
+            for (h, key) in hashes.iter_mut().zip(keys) {
+                *h = s.hash(key);
+                s.prefetch(rule_hash(*h, rule));
+            }
+            let now = clamp_now(self.clock.now());
+            for ((key, d), h) in keys.iter().zip(out).zip(hashes) {
+                *d = match self.check_inline(s, h, now) {
+                    Some(d) => d,
+                    None => self.check_general(key, h, now),
+                };
+            }
+        }
+        n
+    }
+
+    /// What [`check`](Self::check) would answer, charging nothing and inserting nothing (under a
+    /// queue strategy, the reservation it would make).
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Quota};
+    /// let limiter = Limiter::<u64>::builder().quota(Quota::per_second(1)).build()?;
+    /// assert!(limiter.peek(&3).is_allowed());
+    /// assert!(limiter.peek(&3).is_allowed()); // nothing was charged
+    /// assert!(limiter.check(&3).is_allowed());
+    /// assert!(!limiter.peek(&3).is_allowed());
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn peek(&self, key: &K) -> Decision {
+        self.decide(key, PlanId::DEFAULT, 1, Mode::Peek)
+            .unwrap_or_else(|_| Decision::denied(Reason::Limited, 0))
+    }
+
+    /// What [`check_in`](Self::check_in) would answer, charging nothing.
+    pub fn peek_in(&self, key: &K, plan: PlanId, cost: u64) -> Result<Decision, Error> {
+        self.decide(key, plan, cost, Mode::Peek)
+    }
+
+    /// Reserves `cost` units for a moment at most `max_delay` away: the decision's
+    /// [`delay`](Decision::delay) says how long to wait before proceeding. Bucket algorithms
+    /// schedule ahead; window algorithms admit only what passes now.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{FakeClock, Limiter, Quota};
+    /// let limiter = Limiter::<u64, _>::builder()
+    ///     .quota(Quota::per_second(10).burst(1))
+    ///     .clock(FakeClock::new())
+    ///     .build()?;
+    /// assert_eq!(limiter.reserve(&1, 1, Duration::from_secs(1))?.delay(), Duration::ZERO);
+    /// let later = limiter.reserve(&1, 1, Duration::from_secs(1))?;
+    /// assert!(later.is_allowed());
+    /// assert_eq!(later.delay(), Duration::from_millis(100)); // go in 100 ms
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn reserve(&self, key: &K, cost: u64, max_delay: Duration) -> Result<Decision, Error> {
+        self.decide(key, PlanId::DEFAULT, cost, Mode::Reserve(nanos(max_delay)))
+    }
+
+    /// [`reserve`](Self::reserve) under `plan`.
+    pub fn reserve_in(
+        &self,
+        key: &K,
+        plan: PlanId,
+        cost: u64,
+        max_delay: Duration,
+    ) -> Result<Decision, Error> {
+        self.decide(key, plan, cost, Mode::Reserve(nanos(max_delay)))
+    }
+
+    /// The plan called `name`.
+    pub fn plan(&self, name: &str) -> Option<PlanId> {
+        self.book.current().by_name.get(name).copied()
+    }
+
+    /// The names of the plans, in [`PlanId`] order.
+    pub fn plan_names(&self) -> Vec<String> {
+        self.book
+            .current()
+            .plans
+            .iter()
+            .map(|p| p.name.clone())
+            .collect()
+    }
+
+    /// Forgets `key` entirely: its state under every rule and its penalty (back to fresh).
+    /// True if anything was tracked.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Quota};
+    /// let limiter = Limiter::<u64>::builder().quota(Quota::per_hour(1)).build()?;
+    /// assert!(limiter.check(&9).is_allowed());
+    /// assert!(!limiter.check(&9).is_allowed());
+    /// assert!(limiter.reset(&9));
+    /// assert!(limiter.check(&9).is_allowed());
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    ///
+    /// Contention: one probe per rule the limiter has; the shard's write lock where a removed
+    /// state lay outside its home group.
+    pub fn reset(&self, key: &K) -> bool {
+        let rules = self.book.current().rules.len();
+        // AcqRel: a refund that reads the count after this reset (Acquire) sees it, and one
+        // whose charge read it before cannot land (see `resets`).
+        self.resets.fetch_add(1, crate::sync::Ordering::AcqRel);
+        let mut any = self.penalties.remove(key);
+        for id in 0..rules {
+            any |= on_store!(&self.store, s => s.remove(key, id as crate::store::RuleId));
+        }
+        any
+    }
+
+    /// A penalty: `key` is denied for `duration` from now under every plan, whatever its
+    /// quotas say (an existing longer penalty stays). False when `max_keys` keys are under a
+    /// penalty already.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Limiter, Quota, Reason};
+    /// let limiter = Limiter::<&str>::builder().quota(Quota::per_second(100)).build()?;
+    /// assert!(limiter.block(&"mallory", Duration::from_secs(60)));
+    /// assert_eq!(limiter.check(&"mallory").reason(), Reason::Blocked);
+    /// assert!(limiter.check(&"alice").is_allowed());
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn block(&self, key: &K, duration: Duration) -> bool {
+        let now = clamp_now(self.clock.now());
+        let until = now.saturating_add(nanos(duration));
+        self.penalties.block(self.key_hash(key), key, until)
+    }
+
+    /// Adds or replaces the plan called `name` on the live limiter; see the type's docs for what
+    /// happens to keys already tracked. `"default"` is the plan [`check`](Self::check) uses.
+    ///
+    /// ```
+    /// use tollgate::{FakeClock, Limiter, Plan, Quota};
+    /// let limiter = Limiter::<u64, _>::builder()
+    ///     .quota(Quota::per_minute(10))
+    ///     .clock(FakeClock::new())
+    ///     .build()?;
+    /// assert_eq!(limiter.check_n(&1, 8)?.remaining(), 2);
+    /// // Raise the limit: key 1 keeps what it spent (8 units of debt), now out of 20.
+    /// limiter.set_plan("default", Plan::new([Quota::per_minute(20)]))?;
+    /// assert_eq!(limiter.check(&1).remaining(), 11);
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    ///
+    /// Contention: serialised with other plan changes; checks are never blocked.
+    pub fn set_plan(&self, name: &str, plan: Plan) -> Result<PlanId, Error> {
+        let mut plans = crate::sync::lock(&self.plans);
+        let mut next = plans.clone();
+        match next.iter_mut().find(|(n, _)| n == name) {
+            Some(slot) => slot.1 = plan,
+            None => next.push((name.to_string(), plan)),
+        }
+        let book = Book::compile(
+            &next,
+            self.clock.unix_epoch_ns(),
+            Some(self.book.current()),
+            matches!(self.store, Map::Flat(_)),
+        )?;
+        let id = book.by_name[name];
+        self.book.install(book);
+        *plans = next;
+        Ok(id)
+    }
+
+    /// Which store this limiter runs on: the one asked for, or [`StoreKind::Dash`] where a flat
+    /// table for `max_keys` cannot be mapped.
+    pub fn store_kind(&self) -> StoreKind {
+        match self.store {
+            Map::Dash(_) => StoreKind::Dash,
+            Map::Flat(_) => StoreKind::Flat,
+        }
+    }
+
+    /// Bytes the store holds outside the global allocator: the flat store's slot table (mapped
+    /// from the operating system, resident only where keys landed); 0 for the dash store. Add it
+    /// to what a counting allocator reports for the whole footprint.
+    pub fn table_bytes(&self) -> usize {
+        match &self.store {
+            Map::Dash(_) => 0,
+            Map::Flat(s) => s.table_bytes(),
+        }
+    }
+
+    /// States tracked now: one per (key, rule) in use.
+    pub fn len(&self) -> usize {
+        on_store!(&self.store, s => s.len())
+    }
+
+    /// True when no state is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The counters (cheap: sums a few cache lines).
+    pub fn stats(&self) -> Stats {
+        self.counters.snapshot(self.len())
+    }
+
+    /// The limiter's clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// One bounded sweep step: shards from where the last step stopped, until at least `budget`
+    /// states were visited (and every expired penalty). Returns the number of states removed.
+    ///
+    /// Contention: takes each visited shard's write lock in turn.
+    pub fn sweep_once(&self, budget: usize) -> usize {
+        let now = clamp_now(self.clock.now());
+        // Judged `sweep_grace` in the past: a check holding an older clock reading would
+        // otherwise find a fresh state where the removed one still counted.
+        let fresh = self.fresh(self.book.current(), now, false);
+        self.penalties.sweep(fresh.now);
+        on_store!(&self.store, s => sweep::sweep_once(s, &self.sweep_cursor, fresh, budget, |r| {
+            self.counters.swept(r)
+        })
+        .1)
+    }
+
+    /// Sweeps every shard once; returns the number of states removed.
+    pub fn sweep_now(&self) -> usize {
+        self.sweep_once(usize::MAX)
+    }
+
+    /// Starts a background [`Sweeper`] that sweeps every `interval`.
+    pub fn start_sweeper(self: &Arc<Self>, interval: Duration) -> Sweeper {
+        Sweeper::start(Arc::downgrade(self), interval)
+    }
+
+    /// Heap bytes held by state beyond the table's slots (sliding logs, the dash store's cells,
+    /// penalties).
+    pub fn state_heap_bytes(&self) -> usize {
+        on_store!(&self.store, s => s.sum_cells(crate::cell::Cell::heap_bytes))
+            + self.penalties.heap_bytes()
+    }
+
+    /// Binds `key` (under the default plan) for [`check_all`].
+    pub fn key<'a>(&'a self, key: &'a K) -> Bound<'a, K, C> {
+        Bound {
+            limiter: self,
+            key,
+            plan: PlanId::DEFAULT,
+        }
+    }
+
+    /// Binds `key` under `plan` for [`check_all`].
+    pub fn key_in<'a>(&'a self, key: &'a K, plan: PlanId) -> Bound<'a, K, C> {
+        Bound {
+            limiter: self,
+            key,
+            plan,
+        }
+    }
+
+    /// The denial of a new state when the table is full.
+    fn table_full(&self, plan: &Compiled) -> Decision {
+        Decision {
+            limit: plan.parts[0].rule.capacity,
+            ..Decision::denied(Reason::TableFull, self.full_retry_ns)
+        }
+    }
+
+    /// The whole decision path: plan, cost, strategy, states, stats.
+    #[inline(always)]
+    fn decide(&self, key: &K, plan: PlanId, cost: u64, mode: Mode) -> Result<Decision, Error> {
+        let now = clamp_now(self.clock.now());
+        self.decide_at(key, self.key_hash(key), plan, cost, mode, now)
+    }
+
+    /// [`decide`](Self::decide) at `now`, for `key` hashed to `hash`.
+    #[inline(always)]
+    fn decide_at(
+        &self,
+        key: &K,
+        hash: u64,
+        plan: PlanId,
+        cost: u64,
+        mode: Mode,
+        now: u64,
+    ) -> Result<Decision, Error> {
+        let book = self.book.current();
+        let plan = book.get(plan)?;
+        plan.check_cost(cost)?;
+        let mode = plan.mode(mode);
+        let (mut d, retries) = match self.charge(book, key, hash, plan, now, cost, mode) {
+            Ok(charged) => charged,
+            Err(Full) => (self.table_full(plan), 0),
+        };
+        self.settle(plan, &mut d, retries, mode);
+        Ok(d)
+    }
+
+    /// The last step of every decision: the plan's soft strategy lets an over-quota request
+    /// through (flagged), and the outcome is counted (a peek counts nothing).
+    #[inline(always)]
+    fn settle(&self, plan: &Compiled, d: &mut Decision, retries: u32, mode: Mode) {
+        soften(plan, d);
+        if !mode.is_peek() {
+            self.counters.count(Count::of(d), retries);
+        }
+    }
+}
+
+/// The latest time the algorithms accept: 2^63 - 1 ns (292 years). Later readings (a clock
+/// saturated at `u64::MAX`, say) are held there, so no sum of a time and a tolerance can wrap
+/// and turn a denial into an admission.
+const MAX_NOW_NS: u64 = (1 << 63) - 1;
+
+#[inline]
+fn clamp_now(now: u64) -> u64 {
+    now.min(MAX_NOW_NS)
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Sweep for Limiter<K, C> {
+    fn sweep_all(&self) -> usize {
+        self.sweep_now()
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// States held in each shard of the map, in shard order (for the hash-flood test: how
+    /// evenly the per-process random hasher spreads keys an attacker chose).
+    ///
+    /// Contention: takes each shard's read lock in turn.
+    #[doc(hidden)]
+    pub fn shard_loads(&self) -> Vec<usize> {
+        on_store!(&self.store, s => (0..s.shards()).map(|i| s.shard_len(i)).collect())
+    }
+}
