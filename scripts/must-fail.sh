@@ -82,7 +82,15 @@ for variant in load_store relaxed torn_load blind_removal live_migration; do
             expect_failure "plan bound property test ($variant)" 'units in \[' \
                 "$exe" --exact tests::plans::every_rule_holds_its_own_bound
         elif [[ "$variant" == blind_removal ]]; then
-            for path in in_transactions one_swap_at_a_time; do
+            paths=one_swap_at_a_time
+            # The transactional path exists only where the CPU has RTM; elsewhere its test
+            # says so and returns, so it is not asked to fail.
+            if grep -qw rtm /proc/cpuinfo 2>/dev/null; then
+                paths="in_transactions $paths"
+            else
+                echo "no RTM on this CPU: the transactional sweep path is not checked here"
+            fi
+            for path in $paths; do
                 expect_failure "sweep race test, $path ($variant)" 'more than [0-9]+ a round' \
                     "$exe" --exact \
                     "tests::flat::sweeps_${path}_racing_fresh_keys_grant_no_extra_permits"

@@ -68,6 +68,13 @@ pub enum Error {
     UnknownPlan(String),
     /// A `max_keys` of zero.
     ZeroMaxKeys,
+    /// `Builder::shards` is outside the accepted range.
+    ShardsOutOfRange {
+        /// The shard count asked for.
+        shards: usize,
+        /// The largest shard count accepted.
+        max: usize,
+    },
     /// A configuration file that does not parse or holds a bad value.
     Config {
         /// 1-based line of the offending value, when known.
@@ -123,6 +130,10 @@ impl fmt::Display for Error {
             ),
             Error::UnknownPlan(name) => write!(f, "unknown plan '{name}'"),
             Error::ZeroMaxKeys => f.write_str("max_keys is 0: the table must hold at least 1 key"),
+            Error::ShardsOutOfRange { shards, max } => write!(
+                f,
+                "shards is {shards}: accepted from 1 to {max} (rounded up to a power of two)"
+            ),
             Error::Config {
                 line: Some(line),
                 message,

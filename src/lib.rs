@@ -38,7 +38,9 @@ pub use decision::{Decision, Reason};
 pub use error::Error;
 pub use guard::LoginGuard;
 pub use ip::{DEFAULT_V6_PREFIX, client_ip_key};
-pub use limiter::{Bound, Builder, Limiter, MAX_PARTS, Part, Plan, PlanId, Strategy, check_all};
+pub use limiter::{
+    Bound, Builder, Limiter, MAX_PARTS, MAX_SHARDS, Part, Plan, PlanId, Strategy, check_all,
+};
 pub use plan::PlanConfig;
 pub use quota::{Algorithm, Quota};
 pub use stats::Stats;

@@ -203,13 +203,14 @@ impl Quota {
                 max: max_limit,
             });
         }
+        // Every algorithm: more than one unit per nanosecond is not a rate this crate keeps.
+        if self.limit > self.period_ns {
+            return Err(Error::RateTooHigh {
+                limit: self.limit,
+                period_ns: self.period_ns,
+            });
+        }
         let (emission, tolerance) = if kind == Kind::Gcra {
-            if self.limit > self.period_ns {
-                return Err(Error::RateTooHigh {
-                    limit: self.limit,
-                    period_ns: self.period_ns,
-                });
-            }
             // Rounded up: the steady rate is never above limit/period (at most 1 ns per unit
             // slower), so no quota admits more than its own bound.
             let t = self.period_ns.div_ceil(self.limit);

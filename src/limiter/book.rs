@@ -15,9 +15,6 @@ use crate::sync::{AtomicPtr, Ordering};
 /// The most quotas one plan may combine (10/s AND 1000/day is two).
 pub const MAX_PARTS: usize = 4;
 
-/// Rules a changed part remembers as its predecessors (see [`PartRule::lineage`]).
-const LINEAGE: usize = 4;
-
 /// What happens to a request over its quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -104,7 +101,8 @@ pub(crate) struct PartRule {
     /// more: a key with no state under `id` yet starts from its state under the first of these
     /// it has, which moves over ([`Cell::migrate`](crate::cell::Cell::migrate)) and is removed.
     /// Only a change of this plan adds to it, so two live plans never carry state into each
-    /// other, and a state that moved cannot come back.
+    /// other, and a state that moved cannot come back. A key's first call under the part probes
+    /// once per rule listed (a limiter has at most 256 rules in its life).
     pub(crate) lineage: Vec<RuleId>,
 }
 
@@ -219,7 +217,6 @@ impl Book {
                     Some(old) if old.id != id => std::iter::once(old.id)
                         .chain(old.lineage.iter().copied())
                         .filter(|&r| r != id)
-                        .take(LINEAGE)
                         .collect(),
                     Some(old) => old.lineage.clone(),
                     None => Vec::new(),

@@ -84,7 +84,9 @@ impl<K, C: Clock> Builder<K, C> {
         self.store = kind;
         self
     }
-    /// Number of shards of the map (default: 4 per core, a power of two).
+    /// Number of shards of the map (default: 4 per core), rounded up to a power of two, at
+    /// least 2. Accepted: 1 to [`MAX_SHARDS`]; anything else is
+    /// [`Error::ShardsOutOfRange`] from [`build`](Self::build).
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = shards;
         self
@@ -126,6 +128,12 @@ impl<K, C: Clock> Builder<K, C> {
         if self.max_keys == 0 {
             return Err(Error::ZeroMaxKeys);
         }
+        if !(1..=MAX_SHARDS).contains(&self.shards) {
+            return Err(Error::ShardsOutOfRange {
+                shards: self.shards,
+                max: MAX_SHARDS,
+            });
+        }
         let mut plans = Vec::with_capacity(self.plans.len() + 1);
         if !self.quotas.is_empty() {
             plans.push((
@@ -154,6 +162,9 @@ impl<K, C: Clock> Builder<K, C> {
         })
     }
 }
+
+/// The most shards [`Builder::shards`] accepts.
+pub const MAX_SHARDS: usize = 1 << 16;
 
 /// A keyed rate limiter: any `K: Hash + Eq` (u64, `IpAddr`, `String`, tuples for composite keys).
 ///

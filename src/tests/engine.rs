@@ -535,3 +535,72 @@ fn compound_refund_skips_a_recreated_entry() {
         "the refund did not land on the new entry"
     );
 }
+
+/// Under a queue strategy, `peek` answers what `check` would: the reservation and its delay.
+#[test]
+fn peek_previews_the_queue() {
+    let clock = FakeClock::new();
+    let l: Limiter<u64, FakeClock> = Limiter::builder()
+        .quota(Quota::per_second(10).burst(1))
+        .strategy(crate::Strategy::Queue {
+            max_delay: Duration::from_secs(1),
+        })
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(l.check(&1).is_allowed());
+    let peeked = l.peek(&1);
+    let checked = l.check(&1);
+    assert_eq!(peeked, checked);
+    assert!(checked.is_allowed());
+    assert_eq!(checked.delay(), Duration::from_millis(100));
+}
+
+/// Window quotas above one unit per nanosecond are an error, as bucket ones are.
+#[test]
+fn window_rates_above_one_per_ns_are_errors() {
+    for alg in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::SlidingWindowLog,
+        Algorithm::TokenBucket,
+    ] {
+        let q = Quota::new(1000, Duration::from_nanos(1)).algorithm(alg);
+        let r = Limiter::<u64>::builder().quota(q).build();
+        assert!(
+            matches!(
+                r,
+                Err(crate::Error::RateTooHigh {
+                    limit: 1000,
+                    period_ns: 1
+                })
+            ),
+            "{alg:?}: {:?}",
+            r.map(|_| ())
+        );
+    }
+}
+
+/// Shard counts outside 1..=MAX_SHARDS are an error, not a panic or an abort.
+#[test]
+fn shard_counts_out_of_range_are_errors() {
+    for shards in [0, crate::MAX_SHARDS + 1, 1 << 40, 1 << 63, usize::MAX] {
+        let r = Limiter::<u64>::builder()
+            .quota(Quota::per_second(1))
+            .shards(shards)
+            .build();
+        assert!(
+            matches!(r, Err(crate::Error::ShardsOutOfRange { .. })),
+            "{shards}"
+        );
+    }
+    for shards in [1, 3, crate::MAX_SHARDS] {
+        let l = Limiter::<u64>::builder()
+            .quota(Quota::per_second(1))
+            .shards(shards)
+            .max_keys(1000)
+            .build()
+            .unwrap();
+        assert!(l.check(&1).is_allowed());
+    }
+}
