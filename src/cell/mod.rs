@@ -270,11 +270,12 @@ pub(crate) fn apply_inline_part(
     if mode.is_peek() {
         return apply_inline(slot, word, now, cost, rule, headroom, mode);
     }
-    let (decision, written, retries) = update_word_from(slot, word, |s| {
-        decide_word(s, now, cost, rule, headroom, mode)
-    })?;
+    // As `swap_then_decide`: the loop computes next states only, the decision is taken once
+    // after it, from the state the outcome was decided on.
+    let step = |s| decide_word(s, now, cost, rule, headroom, mode);
+    let (state, written, retries) = swap_loop(slot, word, |s| step(s).next)?;
     Some(Applied {
-        decision,
+        decision: step(state).decision,
         token: written.map(|s| token_of(rule.kind, s)),
         retries,
     })

@@ -86,7 +86,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 self.apply_part(book, key, hash, part, plan.headroom, now, cost, mode, false)?;
             return Ok((a.decision, a.retries));
         }
-        let out = self.charge_parts(book, key, hash, plan, now, cost, mode)?;
+        let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
+        self.charge_parts(book, key, hash, plan, now, cost, mode, &mut out)?;
         Ok((out.decision, out.retries))
     }
 
@@ -101,7 +102,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
 
     /// [`charge`](Self::charge) with each part's decision and refund token, for a plan of any
-    /// number of parts.
+    /// number of parts, into `out` (as [`Outcome::new`] made it; written in place, where a
+    /// returned outcome was copied twice).
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     pub(crate) fn charge_parts(
@@ -113,9 +115,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         now: u64,
         cost: u64,
         mode: Mode,
-    ) -> Result<Outcome, Full> {
-        if let Some(out) = self.blocked(key, hash, plan, now) {
-            return Ok(out);
+        out: &mut Outcome,
+    ) -> Result<(), Full> {
+        if let Some(blocked) = self.blocked(key, hash, plan, now) {
+            *out = blocked;
+            return Ok(());
         }
         if let Map::Flat(s) = &self.store {
             // Every part's slot is asked for before the first is read, so their cache misses
@@ -124,7 +128,6 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 s.prefetch(rule_hash(hash, part.id));
             }
         }
-        let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
         let mut denied = false;
         for (i, part) in plan.parts.iter().enumerate() {
             let m = if denied { Mode::Peek } else { mode };
@@ -160,7 +163,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             }
         }
         out.decision = merged.unwrap_or(out.decision);
-        Ok(out)
+        Ok(())
     }
 
     /// Applies one call to the state of (`key`, `part`): `with_token` asks for the token a
@@ -434,8 +437,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         let now = super::clamp_now(l.clock.now());
         let hash = l.key_hash(self.key);
         let resets = l.resets();
-        match l.charge_tokens(book, self.key, hash, plan, now, cost, Mode::Check) {
-            Ok(out) => {
+        let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
+        match l.charge_tokens(book, self.key, hash, plan, now, cost, Mode::Check, &mut out) {
+            Ok(()) => {
                 let undo = (out.decision.allowed && out.charged()).then_some(Undo {
                     hash,
                     cost,
@@ -483,19 +487,21 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         now: u64,
         cost: u64,
         mode: Mode,
-    ) -> Result<Outcome, Full> {
+        out: &mut Outcome,
+    ) -> Result<(), Full> {
         if let [part] = plan.parts.as_slice() {
-            if let Some(out) = self.blocked(key, hash, plan, now) {
-                return Ok(out);
+            if let Some(blocked) = self.blocked(key, hash, plan, now) {
+                *out = blocked;
+                return Ok(());
             }
             let a = self.apply_part(book, key, hash, part, plan.headroom, now, cost, mode, true)?;
-            let mut out = Outcome::new(a.decision);
+            out.decision = a.decision;
             out.parts[0] = Some(a.decision);
             out.tokens[0] = a.token.map(|t| (part.id, t));
             out.retries = a.retries;
-            return Ok(out);
+            return Ok(());
         }
-        self.charge_parts(book, key, hash, plan, now, cost, mode)
+        self.charge_parts(book, key, hash, plan, now, cost, mode, out)
     }
 }
 
@@ -604,8 +610,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let now = super::clamp_now(self.clock.now());
         let hash = self.key_hash(key);
         let resets = self.resets();
-        let out = match self.charge_tokens(book, key, hash, plan, now, cost, mode) {
-            Ok(out) => out,
+        let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
+        let out = match self.charge_tokens(book, key, hash, plan, now, cost, mode, &mut out) {
+            Ok(()) => out,
             Err(Full) => {
                 let mut out = Outcome::new(self.table_full(plan));
                 for (p, part) in out.parts.iter_mut().zip(&plan.parts) {
