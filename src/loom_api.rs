@@ -1,6 +1,6 @@
 //! Internals exposed to the `loom-tests` crate only (under `--cfg tollgate_loom`): one cell and
-//! its rule, driven through the same code paths as the limiter's entries (`cell::update` and
-//! its `cell::swap_loop`, `Cell::apply`, `Cell::refund`, `Entry::is_fresh`). The flat store's
+//! its rule, driven through the same code paths as the limiter's cells (`cell::update` and
+//! its `cell::swap_loop`, `Cell::apply`, `Cell::refund`, `Cell::is_fresh`). The flat store's
 //! inline path (`cell::apply_inline` on the same loop) is modelled through the public API in
 //! `loom-tests/tests/store.rs`.
 

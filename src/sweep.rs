@@ -1,8 +1,9 @@
 //! Expiry: a pure step, [`sweep_once`], and a thin driver, the [`Sweeper`] thread.
 //!
-//! A sweep removes only entries that are indistinguishable from a key never seen (no penalty,
-//! every cell fresh at the sweep's `now`), under the shard's exclusive lock, so no check can
-//! charge an entry between the freshness test and the removal. The limiter passes a `now` that
+//! A sweep removes only states that are indistinguishable from one never seen (fresh at the
+//! sweep's `now` under their own rule), each atomically with its test (a compare-and-swap in the
+//! flat store, the shard's exclusive lock elsewhere), so no check can charge a state between
+//! the freshness test and the removal. The limiter passes a `now` that
 //! is `sweep_grace` (default 1 s) in the past: a check that read its clock before the sweep and
 //! runs after the removal finds a fresh key, and the state removed was already fresh at any
 //! clock reading at most that stale, so sweeping never hands out extra permits to such a check.

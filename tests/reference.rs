@@ -482,6 +482,9 @@ fn window_params() -> impl Strategy<Value = (u64, u64, u64)> {
             0u64..=2_000_000_000_000_000_000
         ],
     )
+        // At most one unit per nanosecond: a faster window is a configuration error (tested
+        // in `tests/algorithms.rs` and the engine tests).
+        .prop_map(|(limit, period, epoch)| (limit, period.max(limit), epoch))
 }
 
 fn bucket_trace(

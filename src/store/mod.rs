@@ -31,12 +31,12 @@ pub(crate) use loom_dash::LoomDashStore as DashStore;
 pub enum StoreKind {
     /// `DashMap` (sharded `RwLock<HashMap>`) with ahash: a check takes its shard's read lock.
     Dash,
-    /// The lock-free table: the state of a single-quota key inline in a 16-byte slot, checked
-    /// with one compare-and-swap and no lock; keys that need more (penalties, other plans,
-    /// cross-key compound limits) spill to a locked map. Sized for `max_keys` up front (about
-    /// 20 bytes per key, 36-50 for a table of at most 16 Ki keys; mapped lazily). Used only when the default plan is one quota of a
-    /// word-cell algorithm (not the sliding log) and a table for `max_keys` can be mapped;
-    /// otherwise the limiter falls back to `Dash` (see `Limiter::store_kind`).
+    /// The lock-free table: the state of every (key, rule) of a word-cell algorithm inline in a
+    /// 16-byte slot, checked with one compare-and-swap and no lock (sliding logs keep their
+    /// entries in a locked side map). Sized for `max_keys` states up front (about 20 bytes per
+    /// state, 36-50 for a table of at most 16 Ki; mapped lazily). Used whenever a table for
+    /// `max_keys` can be mapped; otherwise the limiter falls back to `Dash` (see
+    /// `Limiter::store_kind`).
     #[default]
     Flat,
 }
@@ -74,10 +74,11 @@ pub enum OnFull {
     /// Deny the new key with [`Reason::TableFull`](crate::Reason::TableFull); track nothing.
     #[default]
     Deny,
-    /// Evict a key whose state is already back to fresh (so the eviction gives nobody extra
-    /// permits); deny as [`OnFull::Deny`] when there is none. The flat store looks at 64 slots
-    /// from the new key's home position in its shard and in each of the next three (a bounded
-    /// cost per new key, even in a flood); the dash store at the new key's shard.
+    /// Evict a state already back to fresh (so the eviction gives nobody extra permits); deny as
+    /// [`OnFull::Deny`] when there is none. The flat store looks at 64 slots from the new
+    /// state's home position in its shard and in each of the next three, and at the spilled
+    /// logs of its own shard (a bounded cost per new state, even in a flood); the dash store at
+    /// the new state's shard and the next three.
     EvictFresh,
 }
 
