@@ -437,16 +437,40 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         let now = super::clamp_now(l.clock.now());
         let hash = l.key_hash(self.key);
         let resets = l.resets();
-        let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
-        match l.charge_tokens(book, self.key, hash, plan, now, cost, Mode::Check, &mut out) {
-            Ok(()) => {
-                let undo = (out.decision.allowed && out.charged()).then_some(Undo {
+        let charged = match plan.parts.as_slice() {
+            // One part (a user's plan, a global limit): its slot, with no outcome to fill.
+            [part] if !l.penalties.maybe(hash) => l
+                .apply_part(
+                    book,
+                    self.key,
+                    hash,
+                    part,
+                    plan.headroom,
+                    now,
+                    cost,
+                    Mode::Check,
+                    true,
+                )
+                .map(|a| {
+                    let mut tokens = [None; MAX_PARTS];
+                    tokens[0] = a.token.map(|t| (part.id, t));
+                    (a.decision, tokens, a.retries)
+                }),
+            _ => {
+                let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
+                l.charge_tokens(book, self.key, hash, plan, now, cost, Mode::Check, &mut out)
+                    .map(|()| (out.decision, out.tokens, out.retries))
+            }
+        };
+        match charged {
+            Ok((d, tokens, retries)) => {
+                let undo = (d.allowed && tokens.iter().any(Option::is_some)).then_some(Undo {
                     hash,
                     cost,
                     resets,
-                    tokens: out.tokens,
+                    tokens,
                 });
-                Ok((out.decision, undo, out.retries))
+                Ok((d, undo, retries))
             }
             Err(Full) => Ok((l.table_full(plan), None, 0)),
         }
@@ -506,14 +530,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 }
 
 /// Parts of a [`check_all`] whose undo records live on the stack.
-const STACK_PARTS: usize = 8;
+const STACK_PARTS: usize = 4;
 
 /// Checks `cost` units against every part (per-user AND global, across limiters and key types),
 /// all or nothing: when any part denies, the parts already charged are refunded, so nothing stays
 /// charged; no part ever admits beyond its own bound. Parts are charged in order, so list the
 /// most likely to deny first. Strategies of the parts' plans do not apply here (hard denial).
 /// Each part is its limiter's (key, rule) states, charged as [`Limiter::check_in`] charges them:
-/// no lock and no allocation for up to eight parts on the flat store.
+/// no lock and no allocation for up to four parts on the flat store.
 ///
 /// A refund happens after the charge, so for that instant a concurrent request on the same key
 /// may be denied when it would otherwise pass (never admitted when it should not be).
