@@ -86,3 +86,13 @@ impl<C: Clock + Clone> LoginGuard<C> {
         self.pair.reset(&(ip, username.to_string()));
     }
 }
+
+impl<C: Clock + std::fmt::Debug> std::fmt::Debug for LoginGuard<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoginGuard")
+            .field("pair", &self.pair)
+            .field("ip", &self.ip)
+            .field("lockout", &self.lockout)
+            .finish()
+    }
+}

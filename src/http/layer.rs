@@ -751,3 +751,22 @@ where
         })
     }
 }
+
+impl<C: Clock + std::fmt::Debug> std::fmt::Debug for RateLimitLayer<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("limiter", &self.core.limiter)
+            .field("plan_resolver", &self.resolver.is_some())
+            .field("user_fn", &self.user.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: std::fmt::Debug, C: Clock + std::fmt::Debug> std::fmt::Debug for RateLimit<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("layer", &self.layer)
+            .finish()
+    }
+}

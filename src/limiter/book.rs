@@ -115,6 +115,8 @@ pub(crate) struct Compiled {
     pub(crate) headroom: u64,
     /// The largest cost that can ever pass: the smallest capacity minus the headroom.
     pub(crate) max_cost: u64,
+    /// The plan as the short path serves it, where it can (see [`InlinePlan`]).
+    pub(crate) inline: Option<InlinePlan>,
 }
 
 impl Compiled {
@@ -151,12 +153,14 @@ pub(crate) struct Book {
     /// Every distinct rule any book of this limiter ever had, by id: append-only, so a state's
     /// rule id means the same rule for the limiter's whole life (sweeps read it from slots).
     pub(crate) rules: Vec<Rule>,
-    /// The default plan as the short path serves it (see [`InlinePlan`]).
+    /// The default plan as the short path serves it (see [`InlinePlan`]): read by `check` with
+    /// one load of the book.
     pub(crate) inline: Option<InlinePlan>,
 }
 
-/// The default plan, when [`Limiter::check`](crate::Limiter::check)'s short path can serve it:
-/// one word-cell part, not a queue, on the flat store. Worked out once per book.
+/// A plan, when the short path ([`Limiter::check`](crate::Limiter::check), and `check_in` of
+/// one unit or more) can serve it: one word-cell part, not a queue, on the flat store. Worked
+/// out once per book.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct InlinePlan {
     pub(crate) id: RuleId,
@@ -238,6 +242,7 @@ impl Book {
                 strategy: plan.strategy,
                 headroom: plan.headroom,
                 max_cost: capacity - plan.headroom,
+                inline: None,
             });
         }
         // A part carries state over only from rules that no plan uses any more: the state of a
@@ -259,11 +264,12 @@ impl Book {
                     .collect();
             }
         }
-        let inline = if inline {
-            compiled.first().and_then(InlinePlan::of)
-        } else {
-            None
-        };
+        if inline {
+            for plan in &mut compiled {
+                plan.inline = InlinePlan::of(plan);
+            }
+        }
+        let inline = compiled.first().and_then(|p| p.inline);
         Ok(Book {
             plans: compiled,
             by_name,

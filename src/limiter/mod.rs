@@ -46,22 +46,65 @@ pub struct Builder<K, C = MonotonicClock> {
 
 impl<K, C: Clock> Builder<K, C> {
     /// Adds a quota to the default plan (several quotas: a compound limit on each key).
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Quota};
+    /// // 10 a second AND 1,000 a day on every key, all or nothing.
+    /// let limiter = Limiter::<u64>::builder()
+    ///     .quota(Quota::per_second(10))
+    ///     .quota(Quota::per_day(1000))
+    ///     .build()?;
+    /// assert_eq!(limiter.check_n(&1, 10)?.remaining(), 0);
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas.push(quota);
         self
     }
     /// The default plan's strategy.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Quota, Reason, Strategy};
+    /// let limiter = Limiter::<u64>::builder()
+    ///     .quota(Quota::per_minute(1))
+    ///     .strategy(Strategy::Soft) // over the quota: let through, flagged
+    ///     .build()?;
+    /// assert!(limiter.check(&1).is_allowed());
+    /// let over = limiter.check(&1);
+    /// assert!(over.is_allowed());
+    /// assert_eq!(over.reason(), Reason::SoftLimit);
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
     pub fn strategy(mut self, strategy: Strategy) -> Self {
         self.strategy = strategy;
         self
     }
     /// Adds a named plan. Without [`quota`](Self::quota) calls, the first plan added is the
     /// default one.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Plan, Quota};
+    /// let limiter = Limiter::<u64>::builder()
+    ///     .plan("free", Plan::new([Quota::per_minute(10)]))
+    ///     .plan("pro", Plan::new([Quota::per_minute(1000)]))
+    ///     .build()?;
+    /// assert_eq!(limiter.plan_names(), ["free", "pro"]);
+    /// assert_eq!(limiter.check(&1).limit(), 10); // `check` uses the first plan
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
     pub fn plan(mut self, name: impl Into<String>, plan: Plan) -> Self {
         self.plans.push((name.into(), plan));
         self
     }
     /// Adds every plan of a parsed configuration (see [`PlanConfig`](crate::PlanConfig)).
+    ///
+    /// ```
+    /// use tollgate::{Limiter, PlanConfig};
+    /// let config = PlanConfig::parse("[plans.free]\nlimit = 100\nwindow = \"1m\"\n")?;
+    /// let limiter = Limiter::<u64>::builder().plans(config).build()?;
+    /// assert!(limiter.plan("free").is_some());
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
     pub fn plans(mut self, config: crate::plan::PlanConfig) -> Self {
         self.plans.extend(config.into_plans());
         self
@@ -70,16 +113,56 @@ impl<K, C: Clock> Builder<K, C> {
     /// key checked under a compound plan of two quotas holds two, and two plans that share a
     /// quota share its state. Accepted: 1 and up; a table that cannot be mapped at that size
     /// falls back to the dash store (see [`Limiter::store_kind`]).
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Quota, Reason};
+    /// let limiter = Limiter::<u64>::builder().quota(Quota::per_second(5)).max_keys(2).build()?;
+    /// assert!(limiter.check(&1).is_allowed());
+    /// assert!(limiter.check(&2).is_allowed());
+    /// assert_eq!(limiter.check(&3).reason(), Reason::TableFull);
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
     }
-    /// What to do with a new key when the table is full (default: deny it).
+    /// What to do with a new state when the table is full (default: deny it).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{FakeClock, Limiter, OnFull, Quota, StoreKind};
+    /// let clock = FakeClock::new();
+    /// // Two shards of the dash store: an eviction looks at every state. (The flat store looks
+    /// // at a bounded neighbourhood of the new state's slot; see `OnFull::EvictFresh`.)
+    /// let limiter = Limiter::<u64, _>::builder()
+    ///     .quota(Quota::per_second(5))
+    ///     .max_keys(1)
+    ///     .store(StoreKind::Dash)
+    ///     .shards(2)
+    ///     .on_full(OnFull::EvictFresh)
+    ///     .sweep_grace(Duration::ZERO)
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// assert!(limiter.check(&1).is_allowed());
+    /// clock.advance(Duration::from_secs(1)); // key 1 is back to fresh: it may go
+    /// assert!(limiter.check(&2).is_allowed());
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
     pub fn on_full(mut self, on_full: OnFull) -> Self {
         self.on_full = on_full;
         self
     }
     /// Which map holds the keys (default [`StoreKind::Flat`]).
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Quota, StoreKind};
+    /// let limiter = Limiter::<u64>::builder()
+    ///     .quota(Quota::per_second(5))
+    ///     .store(StoreKind::Dash)
+    ///     .build()?;
+    /// assert_eq!(limiter.store_kind(), StoreKind::Dash);
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
     pub fn store(mut self, kind: StoreKind) -> Self {
         self.store = kind;
         self
@@ -87,11 +170,31 @@ impl<K, C: Clock> Builder<K, C> {
     /// Number of shards of the map (default: 4 per core), rounded up to a power of two, at
     /// least 2. Accepted: 1 to [`MAX_SHARDS`]; anything else is
     /// [`Error::ShardsOutOfRange`] from [`build`](Self::build).
+    ///
+    /// ```
+    /// use tollgate::{Error, Limiter, Quota};
+    /// assert!(Limiter::<u64>::builder().quota(Quota::per_second(5)).shards(16).build().is_ok());
+    /// let too_many = Limiter::<u64>::builder().quota(Quota::per_second(5)).shards(usize::MAX).build();
+    /// assert!(matches!(too_many, Err(Error::ShardsOutOfRange { .. })));
+    /// ```
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = shards;
         self
     }
     /// The `retry_after` given to a new key denied because the table is full (default 1 s).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Limiter, Quota};
+    /// let limiter = Limiter::<u64>::builder()
+    ///     .quota(Quota::per_second(5))
+    ///     .max_keys(1)
+    ///     .full_retry_after(Duration::from_secs(30))
+    ///     .build()?;
+    /// assert!(limiter.check(&1).is_allowed());
+    /// assert_eq!(limiter.check(&2).retry_after(), Duration::from_secs(30));
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
     pub fn full_retry_after(mut self, d: Duration) -> Self {
         self.full_retry = d;
         self
@@ -99,11 +202,40 @@ impl<K, C: Clock> Builder<K, C> {
     /// Sweeping and eviction remove only state that was already fresh this long ago (default
     /// 1 s). A check that read its clock before a sweep and runs after it finds a fresh key; the
     /// grace makes that harmless for any check whose clock reading is at most this stale.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{FakeClock, Limiter, Quota};
+    /// let clock = FakeClock::new();
+    /// let limiter = Limiter::<u64, _>::builder()
+    ///     .quota(Quota::per_second(1))
+    ///     .sweep_grace(Duration::from_secs(5))
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// assert!(limiter.check(&1).is_allowed());
+    /// clock.advance(Duration::from_secs(2)); // fresh, but not yet for 5 s
+    /// assert_eq!(limiter.sweep_now(), 0);
+    /// clock.advance(Duration::from_secs(5));
+    /// assert_eq!(limiter.sweep_now(), 1);
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
     pub fn sweep_grace(mut self, grace: Duration) -> Self {
         self.sweep_grace = grace;
         self
     }
     /// The time source (default [`MonotonicClock`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{FakeClock, Limiter, Quota};
+    /// let clock = FakeClock::new(); // tests move time by hand
+    /// let limiter = Limiter::<u64, _>::builder().quota(Quota::per_second(1)).clock(clock.clone()).build()?;
+    /// assert!(limiter.check(&1).is_allowed());
+    /// assert!(!limiter.check(&1).is_allowed());
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(limiter.check(&1).is_allowed());
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
     pub fn clock<C2: Clock>(self, clock: C2) -> Builder<K, C2> {
         Builder {
             quotas: self.quotas,
@@ -121,6 +253,12 @@ impl<K, C: Clock> Builder<K, C> {
     }
 
     /// Checks every quota and builds the limiter.
+    ///
+    /// ```
+    /// use tollgate::{Error, Limiter, Quota};
+    /// assert!(matches!(Limiter::<u64>::builder().build(), Err(Error::NoQuota)));
+    /// assert!(Limiter::<u64>::builder().quota(Quota::per_second(1)).build().is_ok());
+    /// ```
     pub fn build(self) -> Result<Limiter<K, C>, Error>
     where
         K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -165,6 +303,23 @@ impl<K, C: Clock> Builder<K, C> {
 
 /// The most shards [`Builder::shards`] accepts.
 pub const MAX_SHARDS: usize = 1 << 16;
+
+impl<K, C: std::fmt::Debug> std::fmt::Debug for Builder<K, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("quotas", &self.quotas)
+            .field("strategy", &self.strategy)
+            .field("plans", &self.plans)
+            .field("max_keys", &self.max_keys)
+            .field("on_full", &self.on_full)
+            .field("store", &self.store)
+            .field("shards", &self.shards)
+            .field("full_retry", &self.full_retry)
+            .field("sweep_grace", &self.sweep_grace)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
 
 /// A keyed rate limiter: any `K: Hash + Eq` (u64, `IpAddr`, `String`, tuples for composite keys).
 ///
@@ -343,6 +498,20 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     #[inline(always)]
     fn check_inline(&self, s: &FlatStore<K>, hash: u64, now: u64) -> Option<Decision> {
         let plan = self.book.current().inline.as_ref()?;
+        self.charge_inline(s, plan, hash, now, 1)
+    }
+
+    /// [`check_inline`](Self::check_inline) of `cost` units under `plan` (a cost the plan can
+    /// admit, checked by the caller).
+    #[inline(always)]
+    fn charge_inline(
+        &self,
+        s: &FlatStore<K>,
+        plan: &book::InlinePlan,
+        hash: u64,
+        now: u64,
+        cost: u64,
+    ) -> Option<Decision> {
         if self.penalties.maybe(hash) {
             return None;
         }
@@ -351,8 +520,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         };
         let slot = crate::cell::Inline { slot, tag };
         let tally = self.counters.tally();
-        let a =
-            crate::cell::apply_inline(&slot, word, now, 1, &plan.rule, plan.headroom, Mode::Check)?;
+        let a = crate::cell::apply_inline(
+            &slot,
+            word,
+            now,
+            cost,
+            &plan.rule,
+            plan.headroom,
+            Mode::Check,
+        )?;
         let mut d = a.decision;
         // An inline state's denial is over quota (`Reason::Limited`): a new state's table-full
         // denial and a blocked key's are decided on the general path.
@@ -797,6 +973,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let plan = book.get(plan)?;
         plan.check_cost(cost)?;
         let mode = plan.mode(mode);
+        if let (Map::Flat(s), Some(inline), Mode::Check) = (&self.store, &plan.inline, mode) {
+            // A known state of a one-part plan: the short path, as `check` takes it.
+            if let Some(d) = self.charge_inline(s, inline, hash, now, cost) {
+                return Ok(d);
+            }
+        }
         let (mut d, retries) = match self.charge(book, key, hash, plan, now, cost, mode) {
             Ok(charged) => charged,
             Err(Full) => (self.table_full(plan), 0),

@@ -767,3 +767,29 @@ fn key_local(e: &::redis::RedisError) -> bool {
     let msg = e.to_string();
     msg.contains("WRONGTYPE") || msg.contains("user_script")
 }
+
+impl std::fmt::Debug for Common {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Common")
+            .field("quotas", &self.quotas)
+            .field("prefix", &self.prefix)
+            .field("deadline", &self.deadline)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: std::fmt::Debug> std::fmt::Debug for RedisBuilder<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBuilder")
+            .field("common", &self.common)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl<C> std::fmt::Debug for RedisLimiter<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimiter").finish_non_exhaustive()
+    }
+}

@@ -536,3 +536,18 @@ async fn run(inner: Arc<SyncedInner>, interval: Duration) {
         inner.round().await;
     }
 }
+
+impl std::fmt::Debug for SyncedBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncedBuilder")
+            .field("common", &self.common)
+            .field("interval", &self.interval)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for SyncedLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncedLimiter").finish_non_exhaustive()
+    }
+}
