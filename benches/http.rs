@@ -1,6 +1,7 @@
 //! The HTTP layer's cost per request, in process (no sockets): the same axum router called
-//! directly with and without `RateLimitLayer`, for each header style, median of 5 runs, and the
-//! difference printed next to the baseline.
+//! directly with and without `RateLimitLayer`, for each header style, and with tower_governor's
+//! `GovernorLayer` (keyed by peer IP, with and without its headers), median of 5 runs, and the
+//! difference printed next to the baseline. Every request is admitted.
 //!
 //! `cargo bench --features http --bench http` (about 30 s after the build). Loopback numbers,
 //! sockets included, come from `cargo test --release --features http --test http_load -- --nocapture`.
@@ -54,6 +55,23 @@ fn main() {
         let hello = || Router::new().route("/", get(|| async { "hello" }));
         let base = measure(hello()).await;
         println!("http: axum router alone (baseline)            {base:8.0} ns/request");
+        for headers in [false, true] {
+            let mut builder = tower_governor::governor::GovernorConfigBuilder::default();
+            builder.per_nanosecond(1).burst_size(u32::MAX);
+            let t = if headers {
+                let config = builder.use_headers().finish().unwrap();
+                measure(hello().layer(tower_governor::GovernorLayer::new(config))).await
+            } else {
+                let config = builder.finish().unwrap();
+                measure(hello().layer(tower_governor::GovernorLayer::new(config))).await
+            };
+            println!(
+                "http: tower_governor, headers = {:<5}          {t:8.0} ns/request  (+{:.0} ns, {:.2}x the baseline)",
+                headers,
+                t - base,
+                t / base
+            );
+        }
         for style in ["none", "github", "ietf", "both"] {
             let config = HttpConfig::parse(&format!(
                 "[plans.all]\nlimit = 1000000000\nwindow = \"1s\"\n[http]\nheaders = \"{style}\"\n"
