@@ -2,7 +2,7 @@
 # Every test: format, lints, unit + integration + doc tests, the loom models, the key/hash flood
 # and real-clock tests (release, full size), the must-fail run against the deliberately broken
 # cell, every fuzz target for 30 s, and a short demo run. Installs what it needs (nightly and
-# cargo-fuzz for the fuzz step). Expected run time on a 2-core machine: see README.
+# cargo-fuzz for the fuzz step). Expected run time on a 2-core machine: see docs/verification.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
