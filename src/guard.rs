@@ -21,7 +21,7 @@ use crate::quota::{Algorithm, Quota};
 /// ```
 /// use std::net::IpAddr;
 /// use tollgate::{FakeClock, LoginGuard};
-/// let guard = LoginGuard::seeds_default(FakeClock::new()).unwrap();
+/// let guard = LoginGuard::recommended(FakeClock::new()).unwrap();
 /// let ip: IpAddr = "198.51.100.4".parse().unwrap();
 /// for _ in 0..5 {
 ///     assert!(guard.attempt(ip, "alice").is_allowed()); // 5 tries in 5 minutes
@@ -37,9 +37,10 @@ pub struct LoginGuard<C: Clock = MonotonicClock> {
 }
 
 impl<C: Clock + Clone> LoginGuard<C> {
-    /// The seeds' numbers: 5 attempts per 5 minutes per (ip, username), 20 per 5 minutes per ip
+    /// The usual numbers for a login form: 5 attempts per 5 minutes per (ip, username), 20 per 5
+    /// minutes per ip
     /// (sliding window logs: exact), and a 5-minute lockout when a pair runs out.
-    pub fn seeds_default(clock: C) -> Result<Self, Error> {
+    pub fn recommended(clock: C) -> Result<Self, Error> {
         let five_min = Duration::from_secs(300);
         Self::new(
             Quota::new(5, five_min).algorithm(Algorithm::SlidingWindowLog),

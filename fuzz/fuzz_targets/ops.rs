@@ -70,8 +70,8 @@ struct Reference {
 }
 
 impl Reference {
-    /// A call on `key` at `now`: an existing key built for older rules is carried over first
-    /// (even by a peek); a new key is tracked by every call but a peek.
+    /// A call on `key` at `now`: an existing key built for other rules is carried over first
+    /// (a peek judges a carried-over copy); a new key is tracked by every call but a peek.
     fn call(&mut self, key: u8, now: u64, n: u64, call: Call) -> Result<Want, Error> {
         let cap = self.params.capacity();
         if n == 0 {
@@ -85,7 +85,9 @@ impl Reference {
         }
         let (params, id, epoch) = (self.params, self.rules_id, self.epoch);
         if let Some(k) = self.keys.get_mut(&key) {
-            if k.rules_id != id {
+            // State belongs to (key, rule): a key whose state was built for rules equal to the
+            // installed ones (a plan changed away and back) keeps it as it is.
+            if !k.params.same_rules(&params) {
                 if call == Call::Peek && !PEEK_MIGRATES {
                     let mut copy = k.clone();
                     copy.migrate(now, params, id);

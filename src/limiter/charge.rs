@@ -183,9 +183,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         with_token: bool,
     ) -> Result<Applied, Full> {
         match &self.store {
-            Map::Flat(s) if part.rule.kind != Kind::Log => {
-                self.apply_inline(s, book, hash, part, headroom, now, cost, mode, with_token)
-            }
+            Map::Flat(s) if part.rule.kind != Kind::Log => self.apply_inline(
+                s, book, key, hash, part, headroom, now, cost, mode, with_token,
+            ),
             Map::Flat(s) => self.apply_cell(s, book, key, part, headroom, now, cost, mode),
             Map::Dash(s) => self.apply_cell(s, book, key, part, headroom, now, cost, mode),
         }
@@ -198,6 +198,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         &self,
         s: &FlatStore<K>,
         book: &Book,
+        key: &K,
         hash: u64,
         part: &PartRule,
         headroom: u64,
@@ -226,7 +227,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 // is another key's log state of the same fingerprint: shared, as collisions are.
                 Found::Spilled | Found::Absent => {
                     // A state never seen starts where the plan's previous rules left the key.
-                    let (start, from) = self.inherited_word(s, book, hash, part, now);
+                    let start = self.inherited_word(s, book, hash, part, now);
                     let step =
                         cell::decide_word(start, now, cost, rule, headroom, mode.previewed());
                     if mode.is_peek() {
@@ -242,11 +243,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                     // Insertion and first charge are one write (a denial claims the start).
                     let first = step.next.unwrap_or(start);
                     if s.insert_inline(h, first, self.fresh(book, now, true))? {
-                        if let Some((old, word)) = from {
-                            // Moved: the old rule's state goes (unless a check on a book from
-                            // before the change charged it meanwhile: then it stays, stricter).
-                            s.remove_if(rule_hash(hash, old), Some(word));
-                        }
+                        self.retire_lineage(s, key, part);
                         return Ok(Applied {
                             decision: step.decision,
                             token: step.next.map(|w| cell::token_of(rule.kind, w)),
@@ -278,21 +275,18 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             return Ok(a);
         }
         // Looked up before the insert, which holds the store's lock while it builds the cell.
-        let (start, from) = self.inherited_cell(s, book, key, part, now);
+        let start = self.inherited_cell(s, book, key, part, now);
         if mode.is_peek() {
             return Ok(apply(&start));
         }
         let a = s.with_or_insert(key, part.id, || start, self.fresh(book, now, true), apply)?;
-        if let Some(old) = from {
-            // Moved: the old rule's state goes.
-            s.remove(key, old);
-        }
+        self.retire_lineage(s, key, part);
         Ok(a)
     }
 
     /// Where a new inline state of `part` starts: the key's state under the latest rule of the
-    /// part's lineage that it has, carried over (with that rule and the word it held, to remove
-    /// once the new state is in); else fresh (0).
+    /// part's lineage that it has, carried over (fresh, 0, when that rule is a log: another
+    /// algorithm starts fresh); else fresh.
     fn inherited_word(
         &self,
         s: &FlatStore<K>,
@@ -300,17 +294,27 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         hash: u64,
         part: &PartRule,
         now: u64,
-    ) -> (u64, Option<(RuleId, u64)>) {
+    ) -> u64 {
         for &old in &part.lineage {
             let rule = &book.rules[usize::from(old)];
-            if let Found::Inline { word, .. } = s.find(rule_hash(hash, old)) {
-                return (
-                    cell::migrate_word(word, now, rule, &part.rule),
-                    Some((old, word)),
-                );
+            match s.find(rule_hash(hash, old)) {
+                Found::Inline { word, .. } => {
+                    return cell::migrate_word(word, now, rule, &part.rule);
+                }
+                Found::Spilled => return 0,
+                Found::Absent => {}
             }
         }
-        (0, None)
+        0
+    }
+
+    /// Once the key has a state under `part`, its states under the part's lineage go: they
+    /// moved (see [`PartRule::lineage`]). A check on a book from before the change that charges
+    /// an old state meanwhile loses that charge with it (only while the change is installed).
+    fn retire_lineage<S: Store<K>>(&self, s: &S, key: &K, part: &PartRule) {
+        for &old in &part.lineage {
+            s.remove(key, old);
+        }
     }
 
     /// [`inherited_word`](Self::inherited_word) for a store's cells.
@@ -321,14 +325,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         key: &K,
         part: &PartRule,
         now: u64,
-    ) -> (Cell, Option<RuleId>) {
+    ) -> Cell {
         for &old in &part.lineage {
             let rule = &book.rules[usize::from(old)];
             if let Some(c) = s.with(key, old, |c| c.migrate(now, rule, &part.rule)) {
-                return (c, Some(old));
+                return c;
             }
         }
-        (Cell::fresh(part.rule.kind), None)
+        Cell::fresh(part.rule.kind)
     }
 
     /// Takes back every charge in `tokens` (clearing them).

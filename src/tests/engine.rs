@@ -383,7 +383,7 @@ fn strategies_soft_queue_priority() {
 #[test]
 fn login_guard_is_atomic_and_success_clears_only_its_pair() {
     let clock = FakeClock::new();
-    let guard = Arc::new(LoginGuard::seeds_default(clock.clone()).unwrap());
+    let guard = Arc::new(LoginGuard::recommended(clock.clone()).unwrap());
     let ip = "203.0.113.9".parse().unwrap();
     // 8 concurrent guesses for one account: exactly 5 get to try a password.
     let tried: usize = (0..8)

@@ -383,3 +383,48 @@ fn threads_across_keys_admit_exactly_the_global_bound() {
     }
     panic!("threads never collided in 10 attempts: the test proved nothing");
 }
+
+/// A plan change moves each key's state once, whatever the algorithms: from a log to a bucket
+/// (another algorithm: a fresh start, the log's state gone), then to a faster bucket (the debt
+/// carried in units); one state per key throughout.
+#[test]
+fn a_plan_change_moves_each_state_once() {
+    for store in StoreKind::ALL {
+        let clock = FakeClock::new();
+        let l: Limiter<u8, FakeClock> = Limiter::builder()
+            .quota(Quota::per_second(10).algorithm(Algorithm::SlidingWindowLog))
+            .store(store)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        assert!(l.check(&1).is_allowed());
+        assert_eq!(l.len(), 1);
+        l.set_plan("default", Plan::new([Quota::per_second(10).burst(5)]))
+            .unwrap();
+        assert_eq!(
+            l.check(&1).remaining(),
+            4,
+            "{store:?}: another algorithm starts fresh"
+        );
+        assert_eq!(l.len(), 1, "{store:?}: the log's state moved out");
+        assert_eq!(l.check(&1).remaining(), 3);
+        l.set_plan("default", Plan::new([Quota::per_second(20).burst(5)]))
+            .unwrap();
+        // Two units of debt (200 ms at 10/s) are two units at 20/s: 5 - 2 - 1 left.
+        assert_eq!(
+            l.check(&1).remaining(),
+            2,
+            "{store:?}: the debt carried in units"
+        );
+        assert_eq!(l.len(), 1, "{store:?}");
+        // Back to the first bucket's quota: its rule is live again, the key's state moves back.
+        l.set_plan("default", Plan::new([Quota::per_second(10).burst(5)]))
+            .unwrap();
+        assert_eq!(
+            l.check(&1).remaining(),
+            1,
+            "{store:?}: 3 units of debt, and this one"
+        );
+        assert_eq!(l.len(), 1, "{store:?}");
+    }
+}
