@@ -11,8 +11,21 @@ use crate::sync::{AtomicU64, Ordering};
 
 /// A source of time for a limiter.
 ///
-/// Implementations must be cheap (a check reads the clock once) and should not go backwards;
-/// every algorithm still stays safe if one does: time going back never returns permits.
+/// Implementations must be cheap (a check reads the clock once) and should not go backwards.
+/// [`MonotonicClock`] never does (it clamps backward steps). What each algorithm guarantees when
+/// a custom clock (or [`FakeClock::set_ns`]) does step back:
+///
+/// - **GCRA token / leaky bucket, queue**: never returns permits, however far back: the stored
+///   theoretical arrival time stays ahead of `now`, so the key looks further in debt (stricter)
+///   until the clock catches up.
+/// - **Sliding window log**: never returns permits: entries stamped after `now` still count.
+/// - **Fixed window**: a stored window up to 2^20 windows ahead of `now` keeps its count (stricter);
+///   a step back of more than 2^20 windows reads the stored window id as an old one that
+///   wrapped, and the key starts fresh in the earlier window: permits can return.
+/// - **Sliding window counter**: the same, beyond 2^12 windows back.
+///
+/// The window ids are the low 32 (fixed) and 20 (sliding) bits of the window index; a state
+/// from further in the future cannot be told from a wrapped old one in that space.
 pub trait Clock: Send + Sync + 'static {
     /// Nanoseconds since this clock's epoch.
     fn now(&self) -> u64;
@@ -176,7 +189,8 @@ impl Clock for MonotonicClock {
     }
 }
 
-/// A clock that moves only when told to; clones share one time.
+/// A clock that moves only when told to; clones share one time. It can be set back
+/// ([`set_ns`](Self::set_ns)); see [`Clock`] for what each algorithm guarantees then.
 ///
 /// ```
 /// use std::time::Duration;
