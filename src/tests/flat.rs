@@ -450,7 +450,7 @@ fn sweeping_clears_inline_and_spilled_keys() {
 /// some removals did lose to a charge (the race happened). Run on both removal paths: batches
 /// in hardware transactions where the CPU has RTM, and one `cmpxchg16b` at a time.
 fn sweeps_racing_fresh_keys_grant_no_extra_permits(rtm: bool) {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::AcqRel, Ordering::Acquire};
+    use crate::sync::{AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Acquire};
     const KEYS: u64 = 64;
     const BURST: u64 = 4;
     // Rounds go on until a removal has lost to a charge, between these bounds (a round takes
@@ -476,8 +476,9 @@ fn sweeps_racing_fresh_keys_grant_no_extra_permits(rtm: bool) {
     // `more` says at `start` whether there is one. The main thread judges each round when it
     // ends and stops at the first wrong one (it must not panic while the others wait).
     let (start, done) = (Barrier::new(4), Barrier::new(4));
-    let (more, checking) = (AtomicBool::new(true), AtomicUsize::new(0));
-    let admitted = std::sync::atomic::AtomicU64::new(0);
+    // `more`: 1 while rounds go on, 0 once they stop.
+    let (more, checking) = (AtomicUsize::new(1), AtomicUsize::new(0));
+    let admitted = AtomicU64::new(0);
     let (rounds, wrong) = std::thread::scope(|s| {
         for t in 0..2u64 {
             let (l, start, done, more, checking, admitted) =
@@ -485,7 +486,7 @@ fn sweeps_racing_fresh_keys_grant_no_extra_permits(rtm: bool) {
             s.spawn(move || {
                 loop {
                     start.wait();
-                    if !more.load(Acquire) {
+                    if more.load(Acquire) == 0 {
                         return;
                     }
                     // Each thread walks the keys from its own end, so both meet mid-way.
@@ -508,7 +509,7 @@ fn sweeps_racing_fresh_keys_grant_no_extra_permits(rtm: bool) {
         s.spawn(|| {
             loop {
                 start.wait();
-                if !more.load(Acquire) {
+                if more.load(Acquire) == 0 {
                     return;
                 }
                 // At least one sweep a round, from the moment the checkers start.
@@ -523,7 +524,7 @@ fn sweeps_racing_fresh_keys_grant_no_extra_permits(rtm: bool) {
         while rounds < MIN_ROUNDS || (rounds < MAX_ROUNDS && l.sweep_races().unwrap().1 == 0) {
             // Past every key's state: the keys left from the round before are all fresh.
             clock.advance(Duration::from_secs(3600 * (BURST + 1)));
-            checking.store(2, std::sync::atomic::Ordering::Release);
+            checking.store(2, crate::sync::Ordering::Release);
             start.wait();
             done.wait();
             let n = admitted.swap(0, AcqRel);
@@ -533,7 +534,7 @@ fn sweeps_racing_fresh_keys_grant_no_extra_permits(rtm: bool) {
                 break;
             }
         }
-        more.store(false, std::sync::atomic::Ordering::Release);
+        more.store(0, crate::sync::Ordering::Release);
         start.wait();
         (rounds, wrong)
     });
