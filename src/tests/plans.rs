@@ -428,3 +428,47 @@ fn a_plan_change_moves_each_state_once() {
         assert_eq!(l.len(), 1, "{store:?}");
     }
 }
+
+/// Penalties live beside the states: at most `max_keys` keys under one at once, every plan of a
+/// blocked key denied, and a sweep drops the expired ones so new keys can be blocked.
+#[test]
+fn penalties_are_capped_and_swept() {
+    for store in StoreKind::ALL {
+        let clock = FakeClock::new();
+        let l: Limiter<u8, FakeClock> = Limiter::builder()
+            .plan("a", Plan::new([fast()]))
+            .plan("c", Plan::new([slow(), window()]))
+            .max_keys(2)
+            .sweep_grace(Duration::ZERO)
+            .store(store)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        assert!(l.block(&1, Duration::from_secs(1)));
+        assert!(l.block(&2, Duration::from_secs(1)));
+        assert!(!l.block(&3, Duration::from_secs(1)), "{store:?}: the cap");
+        assert!(
+            l.block(&1, Duration::from_secs(2)),
+            "{store:?}: a blocked key again"
+        );
+        for plan in ["a", "c"] {
+            let d = l.check_in(&2, l.plan(plan).unwrap(), 1).unwrap();
+            assert_eq!(d.reason(), crate::Reason::Blocked, "{store:?} {plan}");
+            assert_eq!(d.retry_after(), Duration::from_secs(1));
+        }
+        assert!(l.check(&3).is_allowed());
+        assert_eq!(l.len(), 1, "{store:?}: a penalty holds no state");
+        clock.advance(Duration::from_millis(1500));
+        l.sweep_now();
+        assert!(
+            l.block(&3, Duration::from_secs(1)),
+            "{store:?}: key 2's penalty was swept"
+        );
+        assert_eq!(
+            l.check(&1).reason(),
+            crate::Reason::Blocked,
+            "{store:?}: key 1's is not over"
+        );
+        assert!(l.check(&2).is_allowed(), "{store:?}");
+    }
+}
