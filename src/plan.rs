@@ -3,7 +3,7 @@
 //! ```toml
 //! [plans.free]
 //! limit = 100
-//! window = 86400          # seconds, or a string: "500ms", "10s", "5m", "1h", "1d"
+//! window = 86400          # seconds, or a string: "500ms", "10s", "5m", "1h", "1d", "1m30s", "1.5s"
 //! burst = 10
 //! algorithm = "token_bucket"   # leaky_bucket, fixed_window, sliding_window_counter, sliding_window_log
 //!
@@ -121,7 +121,7 @@ impl Ctx<'_> {
             _ => self.err(
                 v.span().start,
                 field,
-                "must be a positive duration: whole seconds, or a string like \"500ms\", \"10s\", \"5m\", \"1h\", \"1d\"",
+                "must be a positive duration: whole seconds, or a string like \"500ms\", \"10s\", \"5m\", \"1h\", \"1d\", \"1m30s\", \"1.5s\"",
             ),
         }
     }
@@ -171,23 +171,57 @@ impl Ctx<'_> {
     }
 }
 
-/// Parses `"500ms"`, `"10s"`, `"5m"`, `"1h"`, `"1d"`, `"250us"`, `"10ns"`.
+/// Parses `"500ms"`, `"10s"`, `"5m"`, `"1h"`, `"1d"`, `"250us"`, `"10ns"`, sums of them
+/// (`"1m30s"`, `"1h 30m"`) and fractions (`"1.5s"`, `"0.25h"`), in exact integer nanoseconds:
+/// `None` for anything else, a fraction of a nanosecond, or a sum past `u64::MAX` ns.
 pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit())?;
-    let (num, unit) = text.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    let ns_per = match unit.trim() {
-        "ns" => 1,
-        "us" | "µs" => 1_000,
-        "ms" => 1_000_000,
-        "s" => 1_000_000_000,
-        "m" | "min" => 60_000_000_000,
-        "h" => 3_600_000_000_000,
-        "d" => 86_400_000_000_000,
-        _ => return None,
-    };
-    n.checked_mul(ns_per).map(Duration::from_nanos)
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total: u64 = 0;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(digits);
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == ' ')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let ns_per: u64 = match unit {
+            "ns" => 1,
+            "us" | "µs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" | "min" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "d" => 86_400_000_000_000,
+            _ => return None,
+        };
+        let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+        if whole.is_empty() && frac.is_empty() || frac.contains('.') {
+            return None;
+        }
+        let whole: u64 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().ok()?
+        };
+        let mut ns = whole.checked_mul(ns_per)?;
+        if !frac.is_empty() {
+            // The fraction's digits over 10^len, times the unit: whole nanoseconds only.
+            let scale = 10u128.checked_pow(u32::try_from(frac.len()).ok()?)?;
+            let num = frac.parse::<u128>().ok()? * u128::from(ns_per);
+            if num % scale != 0 {
+                return None;
+            }
+            ns = ns.checked_add(u64::try_from(num / scale).ok()?)?;
+        }
+        total = total.checked_add(ns)?;
+        rest = tail.trim_start();
+    }
+    Some(Duration::from_nanos(total))
 }
 
 impl PlanConfig {
@@ -297,6 +331,18 @@ impl Ctx<'_> {
                 at,
                 &format!("{path}.limits"),
                 format!("at most {MAX_PARTS} limits per plan"),
+            );
+        }
+        if let (Some(d), false) = (
+            &raw.max_delay,
+            raw.strategy
+                .as_ref()
+                .is_some_and(|s| s.get_ref() == "queue"),
+        ) {
+            return self.err(
+                d.span().start,
+                &format!("{path}.max_delay"),
+                "only with strategy = \"queue\" (it would do nothing)",
             );
         }
         let strategy = match &raw.strategy {

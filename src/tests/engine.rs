@@ -604,3 +604,50 @@ fn shard_counts_out_of_range_are_errors() {
         assert!(l.check(&1).is_allowed());
     }
 }
+
+/// Durations people write: sums (`"1m30s"`, `"1h 30m"`) and fractions (`"1.5s"`), in exact
+/// nanoseconds; anything else, or a fraction of a nanosecond, is an error naming the field.
+#[test]
+fn config_durations_compound_and_fractional() {
+    use crate::plan::parse_duration as parse;
+    assert_eq!(parse("1m30s"), Some(Duration::from_secs(90)));
+    assert_eq!(parse("1h 30m"), Some(Duration::from_secs(5_400)));
+    assert_eq!(parse("1.5s"), Some(Duration::from_millis(1_500)));
+    assert_eq!(parse("0.25h"), Some(Duration::from_secs(900)));
+    assert_eq!(parse(".5ms"), Some(Duration::from_micros(500)));
+    assert_eq!(
+        parse("2d 1.5h 10ms"),
+        Some(Duration::from_millis(178_200_010))
+    );
+    assert_eq!(parse("250us"), Some(Duration::from_micros(250)));
+    for bad in [
+        "",
+        "1.5ns",
+        "1",
+        "s",
+        "1.2.3s",
+        "1x",
+        "1 s",
+        "1m30",
+        ".s",
+        "99999999999999999999d",
+    ] {
+        assert_eq!(parse(bad), None, "{bad:?}");
+    }
+    let plans = PlanConfig::parse("[plans.a]\nlimit = 3\nwindow = \"1m30s\"\n")
+        .unwrap()
+        .into_plans();
+    assert_eq!(plans[0].1.quotas()[0].period(), Duration::from_secs(90));
+    let err = PlanConfig::parse("[plans.a]\nlimit = 3\nwindow = \"1.5ns\"\n").unwrap_err();
+    assert!(
+        err.to_string().starts_with("line 3: plans.a.window"),
+        "{err}"
+    );
+    // A key that would do nothing is an error, at its own line.
+    let err = PlanConfig::parse("[plans.a]\nlimit = 3\nwindow = \"1s\"\nmax_delay = \"2s\"\n")
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("line 4: plans.a.max_delay"),
+        "{err}"
+    );
+}
