@@ -102,7 +102,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
 
     /// [`charge`](Self::charge) with each part's decision and refund token, for a plan of any
-    /// number of parts, into `out` (as [`Outcome::new`] made it; written in place, where a
+    /// number of parts (a compound plan, a part of a cross-key limit, an HTTP rule), into `out` (as [`Outcome::new`] made it; written in place, where a
     /// returned outcome was copied twice).
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
@@ -462,7 +462,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
                 }),
             _ => {
                 let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
-                l.charge_tokens(book, self.key, hash, plan, now, cost, Mode::Check, &mut out)
+                l.charge_parts(book, self.key, hash, plan, now, cost, Mode::Check, &mut out)
                     .map(|()| (out.decision, out.tokens, out.retries))
             }
         };
@@ -499,37 +499,6 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
 
     fn record(&self, d: &Decision, retries: u32) {
         self.limiter.counters.count(Count::of(d), retries);
-    }
-}
-
-impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
-    /// [`charge`](Self::charge) with a refund token for every part, a single-part plan too
-    /// (a part of a cross-key limit, an HTTP rule).
-    #[allow(clippy::too_many_arguments)]
-    fn charge_tokens(
-        &self,
-        book: &Book,
-        key: &K,
-        hash: u64,
-        plan: &Compiled,
-        now: u64,
-        cost: u64,
-        mode: Mode,
-        out: &mut Outcome,
-    ) -> Result<(), Full> {
-        if let [part] = plan.parts.as_slice() {
-            if let Some(blocked) = self.blocked(key, hash, plan, now) {
-                *out = blocked;
-                return Ok(());
-            }
-            let a = self.apply_part(book, key, hash, part, plan.headroom, now, cost, mode, true)?;
-            out.decision = a.decision;
-            out.parts[0] = Some(a.decision);
-            out.tokens[0] = a.token.map(|t| (part.id, t));
-            out.retries = a.retries;
-            return Ok(());
-        }
-        self.charge_parts(book, key, hash, plan, now, cost, mode, out)
     }
 }
 
@@ -639,7 +608,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let hash = self.key_hash(key);
         let resets = self.resets();
         let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
-        let out = match self.charge_tokens(book, key, hash, plan, now, cost, mode, &mut out) {
+        let out = match self.charge_parts(book, key, hash, plan, now, cost, mode, &mut out) {
             Ok(()) => out,
             Err(Full) => {
                 let mut out = Outcome::new(self.table_full(plan));

@@ -484,7 +484,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// [`check`](Self::check) on the general path (out of line, so the short one stays small).
     #[inline(never)]
     fn check_general(&self, key: &K, hash: u64, now: u64) -> Decision {
-        self.decide_at(key, hash, PlanId::DEFAULT, 1, Mode::Check, now)
+        // The short path was tried by `check`: do not probe again.
+        self.decide_at(key, hash, PlanId::DEFAULT, 1, Mode::Check, now, false)
             .unwrap_or_else(|_| Decision::denied(Reason::Limited, 0))
     }
 
@@ -955,11 +956,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     #[inline(always)]
     fn decide(&self, key: &K, plan: PlanId, cost: u64, mode: Mode) -> Result<Decision, Error> {
         let now = clamp_now(self.clock.now());
-        self.decide_at(key, self.key_hash(key), plan, cost, mode, now)
+        self.decide_at(key, self.key_hash(key), plan, cost, mode, now, true)
     }
 
-    /// [`decide`](Self::decide) at `now`, for `key` hashed to `hash`.
+    /// [`decide`](Self::decide) at `now`, for `key` hashed to `hash`; `short`: whether to try
+    /// the short path first (a caller that just tried it passes false).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn decide_at(
         &self,
         key: &K,
@@ -968,12 +971,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         cost: u64,
         mode: Mode,
         now: u64,
+        short: bool,
     ) -> Result<Decision, Error> {
         let book = self.book.current();
         let plan = book.get(plan)?;
         plan.check_cost(cost)?;
         let mode = plan.mode(mode);
-        if let (Map::Flat(s), Some(inline), Mode::Check) = (&self.store, &plan.inline, mode) {
+        if let (Map::Flat(s), Some(inline), Mode::Check, true) =
+            (&self.store, &plan.inline, mode, short)
+        {
             // A known state of a one-part plan: the short path, as `check` takes it.
             if let Some(d) = self.charge_inline(s, inline, hash, now, cost) {
                 return Ok(d);

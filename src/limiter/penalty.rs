@@ -97,6 +97,7 @@ impl<K: Hash + Eq + Clone> Penalties<K> {
         }
         let mut map = sync::write(&self.map);
         let had = map.remove(key).is_some();
+        // Relaxed: see `len`.
         self.len.store(map.len(), Ordering::Relaxed);
         had
     }
@@ -118,6 +119,7 @@ impl<K: Hash + Eq + Clone> Penalties<K> {
             // Relaxed: see `maybe`. A bit cleared here belongs to no key under a penalty.
             f.store(b, Ordering::Relaxed);
         }
+        // Relaxed: see `len`.
         self.len.store(map.len(), Ordering::Relaxed);
         before - map.len()
     }

@@ -912,10 +912,9 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         false
     }
 
-    /// Removes the inline state hashed to `hash`, if it holds `expect` (any word: `None`).
-    /// `Some(true)` when removed, `Some(false)` when absent or holding another word, `None` when
-    /// it is not inline (the caller looks again).
-    pub(crate) fn remove_if(&self, hash: u64, expect: Option<u64>) -> Option<bool> {
+    /// Removes the inline state hashed to `hash`: `Some(true)` when removed, `Some(false)` when
+    /// absent, `None` when it is not inline (the caller looks again).
+    fn remove_inline(&self, hash: u64) -> Option<bool> {
         let shard = self.shard(hash);
         loop {
             let Found::Inline { slot, tag: t, word } = self.find(hash) else {
@@ -924,9 +923,6 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                     _ => None,
                 };
             };
-            if expect.is_some_and(|w| w != word) {
-                return Some(false);
-            }
             // AcqRel: see `evict_one`; a charge landing first makes us look again.
             if slot
                 .compare_exchange((t, word), (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
@@ -1036,7 +1032,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
         loop {
             match self.find(hash) {
                 Found::Inline { .. } => {
-                    if let Some(removed) = self.remove_if(hash, None) {
+                    if let Some(removed) = self.remove_inline(hash) {
                         return removed;
                     }
                 }
