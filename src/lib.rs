@@ -21,6 +21,8 @@ pub(crate) mod stats;
 pub(crate) mod store;
 pub(crate) mod sweep;
 pub(crate) mod sync;
+#[cfg(feature = "tokio")]
+mod wait;
 
 #[cfg(test)]
 mod tests;

@@ -378,8 +378,10 @@ async fn hostile_and_missing_keys_get_the_configured_behaviour() {
         peer.metrics()
     );
 
-    // Reject: an API-key-keyed layer answers 400 to a request without a usable key.
-    let src = format!("{PROXIED}key = \"api_key\"\non_bad_key = \"reject\"\n");
+    // Reject: an API-key-keyed layer answers 400 to a request without a usable (known) key.
+    let src = format!(
+        "{PROXIED}key = \"api_key\"\non_bad_key = \"reject\"\napi_keys = {{ \"good-key\" = \"free\" }}\n"
+    );
     let strict = layer(&src, &clock);
     let addr = serve(app(strict.clone())).await;
     let client = client_from("127.0.0.5");
@@ -671,48 +673,6 @@ key = ["user", "ip"]
     assert!(layer.metrics().contains("tollgate_http_bad_key_total 1\n"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn until_ready_waits_for_the_reservation() {
-    let limiter = Limiter::<&str>::builder()
-        .quota(tollgate::Quota::per_second(10).burst(1))
-        .build()
-        .unwrap();
-    assert!(
-        limiter
-            .until_ready(&"k", Duration::ZERO)
-            .await
-            .unwrap()
-            .is_allowed()
-    );
-    let start = Instant::now();
-    let d = limiter
-        .until_ready(&"k", Duration::from_secs(1))
-        .await
-        .unwrap();
-    assert!(d.is_allowed());
-    assert!(start.elapsed() >= d.delay());
-    assert!(d.delay() > Duration::from_millis(50));
-    // Window algorithms retry after the denial's retry_after while the deadline allows.
-    let windows = Limiter::<&str>::builder()
-        .quota(
-            tollgate::Quota::new(1, Duration::from_millis(200))
-                .algorithm(tollgate::Algorithm::FixedWindow),
-        )
-        .build()
-        .unwrap();
-    assert!(windows.check(&"w").is_allowed());
-    let d = windows
-        .until_ready(&"w", Duration::from_secs(2))
-        .await
-        .unwrap();
-    assert!(d.is_allowed());
-    let denied = windows
-        .until_ready(&"w", Duration::from_millis(1))
-        .await
-        .unwrap();
-    assert!(!denied.is_allowed());
-}
-
 #[test]
 fn config_mistakes_are_errors_with_lines() {
     let cases = [
@@ -738,7 +698,7 @@ fn config_mistakes_are_errors_with_lines() {
         ),
         (
             "[plans.free]\nlimit = 1\nwindow = 1\n[http]\nbogus = 1\n",
-            "line 5: unknown field `bogus`, expected one of `default_plan`, `key`, `api_key_header`, `forwarded_header`, `trusted_proxies`, `ipv6_prefix`, `on_bad_key`, `headers`, `max_keys`, `sweep_interval`, `api_keys`, `routes`, `global`",
+            "line 5: unknown field `bogus`, expected one of `default_plan`, `key`, `api_key_header`, `forwarded_header`, `trusted_proxies`, `ipv6_prefix`, `on_bad_key`, `headers`, `max_keys`, `sweep_interval`, `api_keys`, `exempt`, `exempt_keys`, `routes`, `global`",
         ),
         (
             "[plans.free]\nlimit = 0\nwindow = 1\n",

@@ -1,7 +1,7 @@
 //! The HTTP layer's configuration: the engine's `[plans.*]` tables plus an `[http]` table, in one
 //! TOML file (see `examples/plans.toml`), or built in code.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -187,6 +187,8 @@ pub struct HttpConfig {
     pub(crate) api_keys: HashMap<String, String>,
     pub(crate) max_keys: Option<usize>,
     pub(crate) sweep_interval: Option<Duration>,
+    pub(crate) exempt: TrustedProxies,
+    pub(crate) exempt_keys: HashSet<String>,
 }
 
 impl HttpConfig {
@@ -229,6 +231,8 @@ impl HttpConfig {
             api_keys: HashMap::new(),
             max_keys: None,
             sweep_interval: Some(Duration::from_secs(10)),
+            exempt: TrustedProxies::none(),
+            exempt_keys: HashSet::new(),
         }
     }
 
@@ -242,7 +246,7 @@ impl HttpConfig {
         })?;
         let mut config = HttpConfig::new(plans.into_plans());
         if let Some(http) = file.http {
-            Ctx { src }.apply(&mut config, http.into_inner())?;
+            Ctx { src }.apply(&mut config, http)?;
         }
         config.validate()?;
         Ok(config)
@@ -318,6 +322,28 @@ impl HttpConfig {
         self.sweep_interval = every;
         self
     }
+    /// Networks whose clients are never limited (the client address after the trusted-proxy
+    /// walk): health checks, internal services. Exempt requests are not charged and get no
+    /// rate-limit headers.
+    ///
+    /// ```
+    /// use tollgate::http::{HttpConfig, TrustedProxies};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1m\"\n")?
+    ///     .exempt(TrustedProxies::parse(["10.0.0.0/8", "::1"])?)
+    ///     .exempt_key("k-monitoring");
+    /// # let _ = config;
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn exempt(mut self, networks: TrustedProxies) -> Self {
+        self.exempt = networks;
+        self
+    }
+    /// A client key that is never limited: an API key, or a user id from the user extractor
+    /// (matched against every part of a composite key).
+    pub fn exempt_key(mut self, key: impl Into<String>) -> Self {
+        self.exempt_keys.insert(key.into());
+        self
+    }
     /// The header style.
     pub fn header_style(&self) -> HeaderStyle {
         self.headers
@@ -381,7 +407,9 @@ impl HttpConfig {
 struct RawFile {
     #[allow(dead_code)]
     plans: serde::de::IgnoredAny,
-    http: Option<Spanned<RawHttp>>,
+    // Not `Spanned`: toml cannot span a table that only dotted headers create
+    // (`[[http.routes]]` or `[http.global]` with no `[http]` line), and the fields carry their own.
+    http: Option<RawHttp>,
 }
 
 #[derive(Deserialize)]
@@ -405,6 +433,8 @@ struct RawHttp {
     max_keys: Option<Spanned<i64>>,
     sweep_interval: Option<Spanned<String>>,
     api_keys: Option<Spanned<HashMap<String, String>>>,
+    exempt: Option<Spanned<Vec<String>>>,
+    exempt_keys: Option<Vec<String>>,
     routes: Option<Vec<Spanned<RawRule>>>,
     global: Option<Spanned<RawRule>>,
 }
@@ -573,6 +603,20 @@ impl Ctx<'_> {
                 }
             };
         }
+        if let Some(t) = raw.exempt {
+            let at = t.span().start;
+            c.exempt = TrustedProxies::parse(t.into_inner()).map_err(|e| match e {
+                Error::Config { message, .. } => Error::Config {
+                    line: Some(line_of(self.src, at)),
+                    message: format!(
+                        "http.exempt{}",
+                        message.strip_prefix("trusted_proxies").unwrap_or(&message)
+                    ),
+                },
+                e => e,
+            })?;
+        }
+        c.exempt_keys.extend(raw.exempt_keys.into_iter().flatten());
         if let Some(keys) = raw.api_keys {
             let at = keys.span().start;
             for (key, plan) in keys.into_inner() {

@@ -84,6 +84,9 @@ pub enum KeyError {
     /// The user extractor returned nothing (not authenticated), or a value that is empty or
     /// longer than [`MAX_KEY_LEN`].
     NoUser,
+    /// The API key is well formed but neither the `api_keys` table nor the resolver knows it:
+    /// it is not a client identity (else rotating made-up keys would bypass the limit).
+    UnknownApiKey,
 }
 
 impl fmt::Display for KeyError {
@@ -98,6 +101,7 @@ impl fmt::Display for KeyError {
                 "the API key header is empty, too long or not visible ASCII"
             }
             KeyError::NoUser => "the request carries no authenticated user",
+            KeyError::UnknownApiKey => "the API key is not known",
         })
     }
 }
@@ -461,13 +465,23 @@ pub fn client_ip_from_headers(
     trusted: &TrustedProxies,
     v6_prefix: u8,
 ) -> Result<IpAddr, KeyError> {
+    walk_headers(peer, headers, header, trusted).map(|ip| client_ip_key(ip, v6_prefix))
+}
+
+/// [`client_ip_from_headers`] before grouping: the client's own address (IPv4-mapped folded).
+pub(crate) fn walk_headers(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    header: ForwardedHeader,
+    trusted: &TrustedProxies,
+) -> Result<IpAddr, KeyError> {
     let name = match header {
         ForwardedHeader::XForwardedFor => "x-forwarded-for",
         ForwardedHeader::Forwarded => "forwarded",
-        ForwardedHeader::None => return Ok(client_ip_key(peer, v6_prefix)),
+        ForwardedHeader::None => return Ok(fold(peer)),
     };
     if !trusted.contains(peer) {
-        return Ok(client_ip_key(peer, v6_prefix));
+        return Ok(fold(peer));
     }
     let mut hops = Vec::new();
     for value in headers.get_all(name) {
@@ -480,7 +494,7 @@ pub fn client_ip_from_headers(
             return Err(KeyError::MalformedForwarded);
         }
     }
-    client_ip(peer, &hops, trusted).map(|ip| client_ip_key(ip, v6_prefix))
+    client_ip(peer, &hops, trusted)
 }
 
 /// The API key from header `name`: visible ASCII, 1 to [`MAX_KEY_LEN`] bytes.

@@ -15,14 +15,14 @@ use http_body_util::{Either, Full};
 
 use crate::cell::Mode;
 use crate::clock::{Clock, MonotonicClock};
-use crate::decision::Reason;
+use crate::decision::{Decision, Reason};
 use crate::error::Error;
 use crate::http::config::{HttpConfig, KeySource};
-use crate::http::format;
 use crate::http::keys::{
-    ClientKey, KeyError, OnBadKey, api_key_from_headers, client_ip_from_headers,
+    ClientKey, KeyError, OnBadKey, api_key_from_headers, client_ip_from_headers, walk_headers,
 };
 use crate::http::metrics::HttpCounters;
+use crate::http::{format, grpc};
 use crate::ip::client_ip_key;
 use crate::limiter::{Detailed, Limiter, Part, PlanId};
 use crate::quota::Quota;
@@ -51,6 +51,38 @@ pub type PlanFuture = Pin<Box<dyn Future<Output = Option<String>> + Send + 'stat
 
 type Resolver = dyn Fn(&http::request::Parts, &ClientKey) -> PlanFuture + Send + Sync;
 type UserFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
+type KeyFn =
+    dyn Fn(&http::request::Parts) -> Result<ClientKey, Box<Response<Full<Bytes>>>> + Send + Sync;
+type DenyFn = dyn Fn(&Denied<'_>) -> Response<Full<Bytes>> + Send + Sync;
+type CostFn = dyn Fn(&http::request::Parts) -> u64 + Send + Sync;
+type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// The caller's functions, shared by the layer's clones.
+#[derive(Clone, Default)]
+struct Hooks {
+    resolver: Option<Arc<Resolver>>,
+    user: Option<Arc<UserFn>>,
+    key: Option<Arc<KeyFn>>,
+    denied: Option<Arc<DenyFn>>,
+    cost: Option<Arc<CostFn>>,
+    refund: Option<Arc<RefundFn>>,
+}
+
+/// A denied request, as a custom denial response ([`RateLimitLayer::on_denied`]) sees it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Denied<'a> {
+    /// The request's head.
+    pub request: &'a http::request::Parts,
+    /// The client the request was keyed by.
+    pub client: &'a ClientKey,
+    /// The name of the limit that denied: the plan's, or the rule's.
+    pub limit: &'a str,
+    /// The denying limit's decision (its `retry_after`, `limit`, `reason`).
+    pub decision: Decision,
+    /// The layer's own message, as its JSON body would say it.
+    pub message: &'a str,
+}
 
 /// A plan as the headers and the 429 message describe it.
 #[derive(Debug)]
@@ -63,6 +95,8 @@ struct PlanInfo {
 /// The IETF policy items of one limit (a plan under a label), formatted once at construction.
 #[derive(Debug)]
 struct Policy {
+    /// The limit's name: the plan's, or the rule's.
+    label: String,
     /// One structured-field string per part: `"free"`, or `"pro.0"`, `"pro.1"`.
     names: Vec<String>,
     /// The `RateLimit-Policy` items, joined: `"pro.0";q=4;w=1, "pro.1";q=100;w=3600`.
@@ -98,6 +132,7 @@ impl Policy {
         }
         let header = HeaderValue::from_str(&items).ok();
         Policy {
+            label: label.to_string(),
             names,
             items,
             header,
@@ -155,16 +190,14 @@ struct Core<C: Clock> {
 /// ```
 pub struct RateLimitLayer<C: Clock = MonotonicClock> {
     core: Arc<Core<C>>,
-    resolver: Option<Arc<Resolver>>,
-    user: Option<Arc<UserFn>>,
+    hooks: Hooks,
 }
 
 impl<C: Clock> Clone for RateLimitLayer<C> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             core: Arc::clone(&self.core),
-            resolver: self.resolver.clone(),
-            user: self.user.clone(),
+            hooks: self.hooks.clone(),
         }
     }
 }
@@ -261,8 +294,7 @@ impl<C: Clock> RateLimitLayer<C> {
                 counters: HttpCounters::default(),
                 _sweeper: sweeper,
             }),
-            resolver: None,
-            user: None,
+            hooks: Hooks::default(),
         })
     }
 
@@ -271,6 +303,11 @@ impl<C: Clock> RateLimitLayer<C> {
     /// from the request before the `async` block. An unknown plan name falls back to the
     /// default plan (and counts in the metrics). Without a resolver, the config's `api_keys`
     /// table is used.
+    ///
+    /// With `api_key` among the key sources, `None` for a key means the key is *unknown*: it is
+    /// no client identity, and the request is keyed as one without a key ([`OnBadKey`]: by
+    /// client address under the default plan, or rejected). Answer the default plan's name for
+    /// a known key on the default plan.
     ///
     /// ```
     /// use tollgate::http::{ClientKey, HttpConfig, RateLimitLayer};
@@ -285,7 +322,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&http::request::Parts, &ClientKey) -> PlanFuture + Send + Sync + 'static,
     {
-        self.resolver = Some(Arc::new(resolve));
+        self.hooks.resolver = Some(Arc::new(resolve));
         self
     }
 
@@ -295,7 +332,112 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
     {
-        self.user = Some(Arc::new(extract));
+        self.hooks.user = Some(Arc::new(extract));
+        self
+    }
+
+    /// Keys requests by your own function of the request head instead of the configured
+    /// sources: a key, or a (boxed) response that rejects the request (counted as a bad-key
+    /// rejection). Its keys are taken as given (no [`OnBadKey`] fallback, no unknown-key test).
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Response, StatusCode};
+    /// use http_body_util::Full;
+    /// use tollgate::http::{ClientKey, HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1m\"\n")?;
+    /// let layer = RateLimitLayer::new(config)?.key_extractor(|parts| {
+    ///     match parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()) {
+    ///         Some(tenant) => Ok(ClientKey::User(tenant.into())),
+    ///         None => {
+    ///             let mut no = Response::new(Full::new(Bytes::from("tenant required")));
+    ///             *no.status_mut() = StatusCode::UNAUTHORIZED;
+    ///             Err(Box::new(no))
+    ///         }
+    ///     }
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn key_extractor<F>(mut self, extract: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> Result<ClientKey, Box<Response<Full<Bytes>>>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.hooks.key = Some(Arc::new(extract));
+        self
+    }
+
+    /// Answers denials with your own response (status, body, headers) instead of the JSON 429
+    /// or the gRPC status. The layer adds `Retry-After` and the configured rate-limit headers
+    /// wherever your response does not set them itself.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Response, StatusCode};
+    /// use http_body_util::Full;
+    /// use tollgate::http::{HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1m\"\n")?;
+    /// let layer = RateLimitLayer::new(config)?.on_denied(|denied| {
+    ///     let body = format!("slow down: {} ({} s)", denied.limit, denied.decision.retry_after().as_secs());
+    ///     let mut resp = Response::new(Full::new(Bytes::from(body)));
+    ///     *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    ///     resp
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn on_denied<F>(mut self, respond: F) -> Self
+    where
+        F: Fn(&Denied<'_>) -> Response<Full<Bytes>> + Send + Sync + 'static,
+    {
+        self.hooks.denied = Some(Arc::new(respond));
+        self
+    }
+
+    /// Charges each request `cost(head)` units instead of one, on the client's plan and on
+    /// every rule (a request weight, a batch size). A cost of 0 passes uncharged; a cost no
+    /// limit could ever hold is denied with no `Retry-After`.
+    ///
+    /// ```
+    /// use tollgate::http::{HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 100\nwindow = \"1m\"\n")?;
+    /// // A batch endpoint costs one unit per item it asks for.
+    /// let layer = RateLimitLayer::new(config)?.cost(|parts| {
+    ///     parts.headers.get("x-batch-size")
+    ///         .and_then(|v| v.to_str().ok()?.parse().ok())
+    ///         .unwrap_or(1)
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn cost<F>(mut self, cost: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> u64 + Send + Sync + 'static,
+    {
+        self.hooks.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Refunds a passed request's charge once the inner service has answered, when `refund`
+    /// says so of the status: for example, server errors do not count against the client.
+    /// What is refunded is what is left of the charge (a bucket that has drained since gets
+    /// back only the rest), and the response's headers count the refund.
+    ///
+    /// ```
+    /// use tollgate::http::{HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 100\nwindow = \"1m\"\n")?;
+    /// let layer = RateLimitLayer::new(config)?.refund_when(|status| status.is_server_error());
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn refund_when<F>(mut self, refund: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.hooks.refund = Some(Arc::new(refund));
         self
     }
 
@@ -330,7 +472,7 @@ impl<C: Clock> RateLimitLayer<C> {
                     api_key_from_headers(&parts.headers, core.api_key_header.as_str())
                         .map(|k| ClientKey::ApiKey(k.into()))
                 }
-                KeySource::User => match self.user.as_ref().and_then(|f| f(parts)) {
+                KeySource::User => match self.hooks.user.as_ref().and_then(|f| f(parts)) {
                     Some(u) if !u.is_empty() && u.len() <= crate::http::keys::MAX_KEY_LEN => {
                         Ok(ClientKey::User(u.into()))
                     }
@@ -346,55 +488,102 @@ impl<C: Clock> RateLimitLayer<C> {
         })
     }
 
-    /// The key after the configured fallback; `Err` when the request must be rejected.
-    fn key_or_fallback(&self, parts: &http::request::Parts) -> Result<ClientKey, KeyError> {
+    /// The request's key: the custom extractor's, or the configured sources' after the
+    /// [`OnBadKey`] fallback.
+    fn key_of(&self, parts: &http::request::Parts) -> Result<ClientKey, Rejection> {
+        if let Some(extract) = &self.hooks.key {
+            return extract(parts).map_err(Rejection::Custom);
+        }
         match self.client_key(parts) {
             Ok(k) => Ok(k),
-            Err(e) => {
-                self.core.counters.bad_key();
-                match self.core.config.on_bad_key {
-                    OnBadKey::Reject => Err(e),
-                    OnBadKey::Shared => Ok(ClientKey::Unidentified),
-                    OnBadKey::Peer => Ok(peer_ip(parts).map_or(ClientKey::Unidentified, |ip| {
-                        ClientKey::Ip(client_ip_key(ip, self.core.config.v6_prefix))
-                    })),
-                }
-            }
+            Err(e) => self.fallback(parts, e).map_err(Rejection::BadKey),
         }
     }
 
-    /// The request's plan: the resolver's, else the API key table's, else the default.
-    async fn plan_of(&self, parts: &http::request::Parts, client: &ClientKey) -> PlanId {
+    /// The configured [`OnBadKey`] behaviour for a request without a usable key.
+    fn fallback(&self, parts: &http::request::Parts, e: KeyError) -> Result<ClientKey, KeyError> {
+        self.core.counters.bad_key();
+        match self.core.config.on_bad_key {
+            OnBadKey::Reject => Err(e),
+            OnBadKey::Shared => Ok(ClientKey::Unidentified),
+            OnBadKey::Peer => Ok(self.client_address(parts)),
+        }
+    }
+
+    /// The client's address as `key = "ip"` takes it: the peer walked back through trusted
+    /// proxies; the peer itself when a trusted proxy's header is malformed.
+    fn client_address(&self, parts: &http::request::Parts) -> ClientKey {
+        let c = &self.core.config;
+        peer_ip(parts).map_or(ClientKey::Unidentified, |peer| {
+            let ip =
+                client_ip_from_headers(peer, &parts.headers, c.forwarded, &c.trusted, c.v6_prefix)
+                    .unwrap_or_else(|_| client_ip_key(peer, c.v6_prefix));
+            ClientKey::Ip(ip)
+        })
+    }
+
+    /// True for a request from an exempt key or network.
+    fn exempt(&self, parts: &http::request::Parts, client: &ClientKey) -> bool {
+        let c = &self.core.config;
+        if !c.exempt_keys.is_empty() && any_name(client, &|k| c.exempt_keys.contains(k)) {
+            return true;
+        }
+        !c.exempt.is_empty()
+            && peer_ip(parts).is_some_and(|peer| {
+                let ip =
+                    walk_headers(peer, &parts.headers, c.forwarded, &c.trusted).unwrap_or(peer);
+                c.exempt.contains(ip)
+            })
+    }
+
+    /// The request's plan (the resolver's, else the API key table's, else the default) and the
+    /// key to charge. An API key from the configured sources that neither the resolver nor the
+    /// table knows is no identity: the request is keyed as one without a key, under the
+    /// default plan (or rejected, by [`OnBadKey`]).
+    async fn plan_of(
+        &self,
+        parts: &http::request::Parts,
+        client: ClientKey,
+    ) -> Result<(ClientKey, PlanId), KeyError> {
         let core = &self.core;
-        let name = match &self.resolver {
-            Some(resolve) => resolve(parts, client).await,
+        let vouched = self.hooks.key.is_none() && core.config.key.contains(&KeySource::ApiKey);
+        let name = match &self.hooks.resolver {
+            Some(resolve) => resolve(parts, &client).await,
             None => {
-                if core.api_key_plans.is_empty() {
-                    return core.default_plan;
+                let key = match api_key_of(&client) {
+                    Some(k) => Some(k),
+                    None => api_key_from_headers(&parts.headers, core.api_key_header.as_str()).ok(),
+                };
+                if let Some(&plan) = key.and_then(|k| core.api_key_plans.get(k)) {
+                    return Ok((client, plan));
                 }
-                match api_key_from_headers(&parts.headers, core.api_key_header.as_str()) {
-                    Ok(k) => {
-                        return core
-                            .api_key_plans
-                            .get(k)
-                            .copied()
-                            .unwrap_or(core.default_plan);
-                    }
-                    Err(_) => return core.default_plan,
-                }
+                None
             }
         };
         match name {
-            None => core.default_plan,
-            Some(n) => core.limiter.plan(&n).unwrap_or_else(|| {
-                core.counters.unknown_plan();
-                core.default_plan
-            }),
+            Some(n) => {
+                let plan = core.limiter.plan(&n).unwrap_or_else(|| {
+                    core.counters.unknown_plan();
+                    core.default_plan
+                });
+                Ok((client, plan))
+            }
+            None if vouched && api_key_of(&client).is_some() => {
+                let client = self.fallback(parts, KeyError::UnknownApiKey)?;
+                Ok((client, core.default_plan))
+            }
+            None => Ok((client, core.default_plan)),
         }
     }
 
     /// Charges every limit that applies, all or nothing.
-    fn decide(&self, parts: &http::request::Parts, client: ClientKey, plan: PlanId) -> Verdict {
+    fn decide(
+        &self,
+        parts: &http::request::Parts,
+        client: ClientKey,
+        plan: PlanId,
+        cost: u64,
+    ) -> Verdict {
         let core = &self.core;
         let method = parts.method.as_str();
         let path = parts.uri.path();
@@ -428,7 +617,7 @@ impl<C: Clock> RateLimitLayer<C> {
             } else {
                 Mode::Check
             };
-            match core.limiter.charge_detailed(&key, plan, 1, mode) {
+            match core.limiter.charge_detailed(&key, plan, cost, mode) {
                 Ok(d) => {
                     let denies = denied.is_none() && !d.decision.is_allowed();
                     checks.push(Check {
@@ -448,15 +637,7 @@ impl<C: Clock> RateLimitLayer<C> {
             }
         }
         if let Some(at) = denied {
-            undo_all(&core.limiter, &mut checks[..at]);
-            // Refunded checks report what they hold without this request.
-            for c in &mut checks[..at] {
-                for d in c.detailed.parts.iter_mut().flatten() {
-                    d.remaining = (d.remaining + 1).min(d.limit);
-                }
-                c.detailed.decision.remaining =
-                    (c.detailed.decision.remaining + 1).min(c.detailed.decision.limit);
-            }
+            refund_all(&core.limiter, &mut checks[..at], cost);
             return Verdict::Deny { checks, at };
         }
         Verdict::Pass { checks }
@@ -535,17 +716,17 @@ impl<C: Clock> RateLimitLayer<C> {
         }
     }
 
-    /// The 429 for a denial at `checks[at]`.
-    fn too_many(&self, checks: &[Check], at: usize) -> Response<Full<Bytes>> {
+    /// The answer to a denial at `checks[at]`: the custom response, the gRPC status, or the
+    /// JSON 429.
+    fn too_many(
+        &self,
+        parts: &http::request::Parts,
+        client: &ClientKey,
+        checks: &[Check],
+        at: usize,
+    ) -> Response<Full<Bytes>> {
         let c = &checks[at];
         let d = c.detailed.decision;
-        let epoch = self.core.limiter.clock().unix_epoch_ns();
-        let retry = format::retry_after_secs(d.retry_after_ns());
-        let reset_at = format::rfc3339(format::unix_secs_at(
-            epoch,
-            c.detailed.now,
-            d.retry_after_ns(),
-        ));
         let message = match d.reason() {
             Reason::Blocked => "You are temporarily blocked".to_string(),
             Reason::TableFull => "Too many clients are being tracked; try again later".to_string(),
@@ -572,19 +753,52 @@ impl<C: Clock> RateLimitLayer<C> {
                 }
             }
         };
-        let body = format!(
-            "{{\"error\":\"Rate limit exceeded\",\"message\":{},\"reset_at\":\"{reset_at}\"}}",
-            format::json_string(&message)
+        let mut ours = HeaderMap::new();
+        insert_num(
+            &mut ours,
+            http::header::RETRY_AFTER,
+            format::retry_after_secs(d.retry_after_ns()),
         );
-        let mut resp = Response::new(Full::new(Bytes::from(body)));
-        *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        let h = resp.headers_mut();
-        h.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        insert_num(h, http::header::RETRY_AFTER, retry);
-        self.write_headers(h, checks);
+        self.write_headers(&mut ours, checks);
+        if let Some(respond) = &self.hooks.denied {
+            let label = c.policy.as_ref().map_or("", |p| p.label.as_str());
+            let mut resp = respond(&Denied {
+                request: parts,
+                client,
+                limit: label,
+                decision: d,
+                message: &message,
+            });
+            let h = resp.headers_mut();
+            for (name, value) in &ours {
+                if !h.contains_key(name) {
+                    h.insert(name, value.clone());
+                }
+            }
+            return resp;
+        }
+        let mut resp = if grpc::is_grpc(parts) {
+            grpc::status(grpc::RESOURCE_EXHAUSTED, &message, Some(d.retry_after_ns()))
+        } else {
+            let epoch = self.core.limiter.clock().unix_epoch_ns();
+            let reset_at = format::rfc3339(format::unix_secs_at(
+                epoch,
+                c.detailed.now,
+                d.retry_after_ns(),
+            ));
+            let body = format!(
+                "{{\"error\":\"Rate limit exceeded\",\"message\":{},\"reset_at\":\"{reset_at}\"}}",
+                format::json_string(&message)
+            );
+            let mut resp = Response::new(Full::new(Bytes::from(body)));
+            *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp
+        };
+        resp.headers_mut().extend(ours);
         resp
     }
 }
@@ -612,6 +826,45 @@ fn undo_all<C: Clock>(limiter: &Limiter<HttpKey, C>, checks: &mut [Check]) {
     }
 }
 
+/// Refunds `checks` of `cost` each; their decisions then report what the keys hold without
+/// the request.
+fn refund_all<C: Clock>(limiter: &Limiter<HttpKey, C>, checks: &mut [Check], cost: u64) {
+    undo_all(limiter, checks);
+    for c in checks {
+        for d in c.detailed.parts.iter_mut().flatten() {
+            d.remaining = d.remaining.saturating_add(cost).min(d.limit);
+        }
+        let d = &mut c.detailed.decision;
+        d.remaining = d.remaining.saturating_add(cost).min(d.limit);
+    }
+}
+
+/// Why the layer answers a request itself before charging it.
+enum Rejection {
+    /// No usable key, under [`OnBadKey::Reject`].
+    BadKey(KeyError),
+    /// The custom key extractor's own response (boxed: a response is large).
+    Custom(Box<Response<Full<Bytes>>>),
+}
+
+/// The API key in a client key, if any (a composite's part).
+fn api_key_of(client: &ClientKey) -> Option<&str> {
+    match client {
+        ClientKey::ApiKey(k) => Some(k),
+        ClientKey::Composite(parts) => parts.iter().find_map(api_key_of),
+        _ => None,
+    }
+}
+
+/// True when `f` holds for an API key or user id in `client`.
+fn any_name(client: &ClientKey, f: &impl Fn(&str) -> bool) -> bool {
+    match client {
+        ClientKey::ApiKey(k) | ClientKey::User(k) => f(k),
+        ClientKey::Composite(parts) => parts.iter().any(|p| any_name(p, f)),
+        _ => false,
+    }
+}
+
 const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
@@ -633,7 +886,18 @@ fn peer_ip(parts: &http::request::Parts) -> Option<IpAddr> {
     parts.extensions.get::<SocketAddr>().map(SocketAddr::ip)
 }
 
-fn json_response(status: StatusCode, error: &str, message: &str) -> Response<Full<Bytes>> {
+/// The layer's own answer that is not a denial: JSON with `status`, or for a gRPC request the
+/// gRPC status `grpc_code`.
+fn reject(
+    parts: &http::request::Parts,
+    status: StatusCode,
+    grpc_code: u32,
+    error: &str,
+    message: &str,
+) -> Response<Full<Bytes>> {
+    if grpc::is_grpc(parts) {
+        return grpc::status(grpc_code, &format!("{error}: {message}"), None);
+    }
     let body = format!(
         "{{\"error\":{},\"message\":{}}}",
         format::json_string(error),
@@ -704,26 +968,59 @@ where
             let core = &layer.core;
             core.counters.request();
             let (parts, body) = req.into_parts();
-            let client = match layer.key_or_fallback(&parts) {
+            let bad_key = |parts: &http::request::Parts, e: KeyError| {
+                core.counters.rejected_bad_key();
+                let resp = reject(
+                    parts,
+                    StatusCode::BAD_REQUEST,
+                    grpc::INVALID_ARGUMENT,
+                    "Bad request",
+                    &e.to_string(),
+                );
+                Ok(resp.map(Either::Right))
+            };
+            let client = match layer.key_of(&parts) {
                 Ok(k) => k,
-                Err(e) => {
+                Err(Rejection::BadKey(e)) => return bad_key(&parts, e),
+                Err(Rejection::Custom(resp)) => {
                     core.counters.rejected_bad_key();
-                    let resp =
-                        json_response(StatusCode::BAD_REQUEST, "Bad request", &e.to_string());
-                    return Ok(resp.map(Either::Right));
+                    return Ok((*resp).map(Either::Right));
                 }
             };
-            let plan = layer.plan_of(&parts, &client).await;
-            let checks = match layer.decide(&parts, client, plan) {
+            let cost = layer.hooks.cost.as_ref().map_or(1, |f| f(&parts));
+            if cost == 0 || layer.exempt(&parts, &client) {
+                core.counters.exempt();
+                let resp = inner.call(Request::from_parts(parts, body)).await?;
+                return Ok(resp.map(Either::Left));
+            }
+            let (client, plan) = match layer.plan_of(&parts, client).await {
+                Ok(found) => found,
+                Err(e) => return bad_key(&parts, e),
+            };
+            let mut checks = match layer.decide(&parts, client.clone(), plan, cost) {
                 Verdict::Pass { checks } => checks,
                 Verdict::Deny { checks, at } => {
                     core.counters.limited();
-                    return Ok(layer.too_many(&checks, at).map(Either::Right));
+                    let resp = layer.too_many(&parts, &client, &checks, at);
+                    return Ok(resp.map(Either::Right));
+                }
+                Verdict::Error(Error::CostExceedsCapacity { cost, capacity }) => {
+                    core.counters.limited();
+                    let resp = reject(
+                        &parts,
+                        StatusCode::TOO_MANY_REQUESTS,
+                        grpc::RESOURCE_EXHAUSTED,
+                        "Rate limit exceeded",
+                        &format!("This request costs {cost}; the limit holds at most {capacity}"),
+                    );
+                    return Ok(resp.map(Either::Right));
                 }
                 Verdict::Error(e) => {
                     core.counters.internal_error();
-                    let resp = json_response(
+                    let resp = reject(
+                        &parts,
                         StatusCode::INTERNAL_SERVER_ERROR,
+                        grpc::INTERNAL,
                         "Rate limiter misconfigured",
                         &e.to_string(),
                     );
@@ -746,6 +1043,15 @@ where
                 tokio::time::sleep(std::time::Duration::from_nanos(delay)).await;
             }
             let mut resp = inner.call(Request::from_parts(parts, body)).await?;
+            if layer
+                .hooks
+                .refund
+                .as_ref()
+                .is_some_and(|f| f(resp.status()))
+            {
+                refund_all(&core.limiter, &mut checks, cost);
+                core.counters.refunded();
+            }
             layer.write_headers(resp.headers_mut(), &checks);
             Ok(resp.map(Either::Left))
         })
@@ -756,8 +1062,12 @@ impl<C: Clock + std::fmt::Debug> std::fmt::Debug for RateLimitLayer<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("limiter", &self.core.limiter)
-            .field("plan_resolver", &self.resolver.is_some())
-            .field("user_fn", &self.user.is_some())
+            .field("plan_resolver", &self.hooks.resolver.is_some())
+            .field("user_fn", &self.hooks.user.is_some())
+            .field("key_extractor", &self.hooks.key.is_some())
+            .field("on_denied", &self.hooks.denied.is_some())
+            .field("cost_fn", &self.hooks.cost.is_some())
+            .field("refund_when", &self.hooks.refund.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -18,6 +18,8 @@ pub(crate) struct HttpCounters {
     rejected_bad_key: AtomicU64,
     unknown_plan: AtomicU64,
     internal_errors: AtomicU64,
+    exempt: AtomicU64,
+    refunded: AtomicU64,
 }
 
 impl HttpCounters {
@@ -49,6 +51,14 @@ impl HttpCounters {
     pub(crate) fn unknown_plan(&self) {
         // Relaxed: a statistic.
         self.unknown_plan.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn exempt(&self) {
+        // Relaxed: a statistic.
+        self.exempt.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn refunded(&self) {
+        // Relaxed: a statistic.
+        self.refunded.fetch_add(1, Ordering::Relaxed);
     }
     pub(crate) fn internal_error(&self) {
         // Relaxed: a statistic.
@@ -151,7 +161,7 @@ impl HttpCounters {
         );
         metric(
             "tollgate_http_rejected_bad_key_total",
-            "Requests answered 400 for a bad key.",
+            "Requests rejected for a bad key (400, or a custom extractor's rejection).",
             get(&self.rejected_bad_key),
         );
         metric(
@@ -163,6 +173,16 @@ impl HttpCounters {
             "tollgate_http_internal_errors_total",
             "Requests answered 500 because the limiter refused the configuration.",
             get(&self.internal_errors),
+        );
+        metric(
+            "tollgate_http_exempt_total",
+            "Requests from exempt keys or networks, passed uncharged.",
+            get(&self.exempt),
+        );
+        metric(
+            "tollgate_http_refunded_total",
+            "Requests whose charge was refunded after the response (refund_when).",
+            get(&self.refunded),
         );
         out
     }

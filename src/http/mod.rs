@@ -29,10 +29,10 @@
 
 mod config;
 mod format;
+mod grpc;
 mod keys;
 mod layer;
 mod metrics;
-mod wait;
 
 pub use config::{HeaderStyle, HttpConfig, KeySource, Rule};
 pub use keys::{
@@ -40,4 +40,4 @@ pub use keys::{
     api_key_from_headers, client_ip, client_ip_from_headers, parse_forwarded,
     parse_x_forwarded_for,
 };
-pub use layer::{HttpKey, PlanFuture, RateLimit, RateLimitBody, RateLimitLayer};
+pub use layer::{Denied, HttpKey, PlanFuture, RateLimit, RateLimitBody, RateLimitLayer};

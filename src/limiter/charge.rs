@@ -45,6 +45,7 @@ impl Outcome {
     }
 
     /// True when a part stays charged (only then is there anything to refund).
+    #[cfg(feature = "http")]
     pub(crate) fn charged(&self) -> bool {
         self.tokens.iter().any(Option::is_some)
     }

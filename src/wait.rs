@@ -1,4 +1,5 @@
-//! `until_ready`: the queue strategy's waiting, for callers that are not HTTP handlers.
+//! `until_ready` (feature `tokio`): the queue strategy's waiting, for callers that are not HTTP
+//! handlers.
 
 use std::hash::Hash;
 use std::time::Duration;
@@ -38,6 +39,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// `retry_after` and try again while the deadline allows. Time passes on tokio's timer
     /// (needs a tokio runtime with time enabled); the deadline is measured there too, so a
     /// [`FakeClock`](crate::FakeClock) that never moves cannot make it wait forever.
+    /// `Duration::MAX` (or any wait past the timer's range) means no deadline.
     pub async fn until_ready_in(
         &self,
         key: &K,
@@ -45,9 +47,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, Error> {
-        let deadline = tokio::time::Instant::now() + max_wait;
+        // A wait too long for the timer's instants (`Duration::MAX`) has no deadline.
+        let deadline = tokio::time::Instant::now().checked_add(max_wait);
         loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(tokio::time::Instant::now())
+            });
             let d = self.reserve_in(key, plan, cost, left)?;
             if d.is_allowed() {
                 if !d.delay().is_zero() {
