@@ -238,12 +238,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                             retries: 0,
                         });
                     }
-                    if s.refuses_new_keys() {
+                    let fresh = self.fresh(book, now, true);
+                    if s.refuses_new_keys(&fresh) {
                         return Err(Full);
                     }
                     // Insertion and first charge are one write (a denial claims the start).
                     let first = step.next.unwrap_or(start);
-                    if s.insert_inline(h, first, self.fresh(book, now, true))? {
+                    if s.insert_inline(h, first, fresh)? {
                         self.retire_lineage(s, key, part);
                         return Ok(Applied {
                             decision: step.decision,
@@ -379,6 +380,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             now: now.saturating_sub(self.sweep_grace_ns),
             rules: &book.rules,
             evictions: evictions.then_some(&self.counters),
+            pause: evictions.then_some(&self.reclaim_pause),
         }
     }
 }

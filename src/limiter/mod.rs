@@ -126,7 +126,8 @@ impl<K, C: Clock> Builder<K, C> {
         self.max_keys = max_keys;
         self
     }
-    /// What to do with a new state when the table is full (default: deny it).
+    /// What to do with a new state when the table is full (default: reclaim a fresh state
+    /// near it, else deny it; see [`OnFull`]).
     ///
     /// ```
     /// use std::time::Duration;
@@ -297,6 +298,7 @@ impl<K, C: Clock> Builder<K, C> {
             full_retry_ns: nanos(self.full_retry),
             sweep_grace_ns: nanos(self.sweep_grace),
             resets: crate::sync::AtomicU64::new(0),
+            reclaim_pause: crate::sync::AtomicU64::new(0),
         })
     }
 }
@@ -366,6 +368,9 @@ pub struct Limiter<K, C = MonotonicClock> {
     /// is dropped when a reset came between its charge and it, so it never lands on a state
     /// that the reset started afresh.
     resets: crate::sync::AtomicU64,
+    /// Until when new states at the cap are denied without a reclaim look (see
+    /// [`OnFull::EvictFresh`]).
+    reclaim_pause: crate::sync::AtomicU64,
 }
 
 impl<K, C: std::fmt::Debug> std::fmt::Debug for Limiter<K, C> {
@@ -420,7 +425,7 @@ impl<K> Limiter<K, MonotonicClock> {
             strategy: Strategy::Hard,
             plans: Vec::new(),
             max_keys: 1_000_000,
-            on_full: OnFull::Deny,
+            on_full: OnFull::EvictFresh,
             store: StoreKind::default(),
             shards: cores * 4,
             full_retry: Duration::from_secs(1),

@@ -76,9 +76,18 @@ const SPILLED: u64 = 0b11;
 /// The low tag bits that say which kind of slot it is.
 const KIND: u64 = 0b11;
 
-/// Shard tables at least this large ask for transparent huge pages.
+/// Shard tables at least this large ask for transparent huge pages, once they hold enough keys.
 #[cfg(not(tollgate_loom))]
 const HUGE_TABLE_BYTES: usize = 4 << 20;
+/// Keys per 2 MiB of table at which the table asks for huge pages: at 4 KiB pages, random keys
+/// have then made about 512 KiB of each 2 MiB resident, and the table is in use enough for the
+/// TLB to matter. Below it a table stays in 4 KiB pages, so a limiter sized for a million keys
+/// that holds a hundred costs a few hundred KiB, not 18 MiB of huge pages.
+#[cfg(not(tollgate_loom))]
+const HUGE_KEYS_PER_PAGE: usize = 128;
+/// `MADV_COLLAPSE` (Linux 6.1), not in every libc crate version's constants.
+#[cfg(all(not(tollgate_loom), target_os = "linux"))]
+const MADV_COLLAPSE: libc::c_int = 25;
 /// The size (and alignment) of a transparent huge page on x86-64 and most arm64 kernels.
 #[cfg(not(tollgate_loom))]
 const HUGE_PAGE: usize = 2 << 20;
@@ -793,8 +802,10 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     ) -> Result<(), Full> {
         if !self.reserve() {
             let evicted = self.on_full == OnFull::EvictFresh
+                && fresh.may_reclaim()
                 && (self.evict_one(hash, fresh) || self.evict_spilled(shard, fresh, spill));
             if !evicted {
+                fresh.reclaim_failed();
                 return Err(Full);
             }
             if !self.reserve() {
@@ -816,6 +827,8 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
             shard.reach.store(free.distance + 1, Ordering::Relaxed);
         }
         self.count_passes(shard, hash, free.distance);
+        // Relaxed: a size for the huge-page threshold.
+        self.table.grew(self.len.load(Ordering::Relaxed));
         // Release: publishes the state with the tag (pairs with `find`'s Acquire). A plain
         // store, not a swap (one locked instruction fewer per new key; 1M keys through
         // `check_many`, one thread, 90.6-102.0 -> 77.4-78.3 ns a new key): every other write to
@@ -939,13 +952,15 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     }
 
     /// True when a new key would certainly be refused: the table is at the cap and the policy
-    /// is to deny. Lets a flood of new keys at a full table be denied with one read of a counter
-    /// instead of a shard's write lock each.
+    /// is to deny, or a reclaim just found nothing (see [`OnFull::EvictFresh`]). Lets a flood of
+    /// new keys at a full table be denied with one read of a counter instead of a shard's write
+    /// lock each.
     #[inline]
-    pub(crate) fn refuses_new_keys(&self) -> bool {
+    pub(crate) fn refuses_new_keys(&self, fresh: &Fresh<'_>) -> bool {
         // Relaxed: a snapshot; a key refused while a removal is in flight is refused as if it
         // came just before the removal.
-        self.on_full == OnFull::Deny && self.len.load(Ordering::Relaxed) >= self.max_keys
+        self.len.load(Ordering::Relaxed) >= self.max_keys
+            && (self.on_full == OnFull::Deny || !fresh.may_reclaim())
     }
 
     /// Inserts the (key, rule) hashed to `hash` as an inline state holding `first` (a fresh
@@ -1173,6 +1188,13 @@ struct Groups {
     #[cfg(tollgate_loom)]
     passes: Box<[AtomicU8]>,
     len: usize,
+    /// The table's whole 2 MiB pages (offset in `_map`, bytes), for a large table, and the key
+    /// count at which they are advised as huge pages.
+    #[cfg(not(tollgate_loom))]
+    huge: Option<(usize, usize, usize)>,
+    /// Whether they have been.
+    #[cfg(not(tollgate_loom))]
+    advised: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: `first` and `passes` point into `_map`, which `Groups` owns and which is `Send` and
@@ -1203,11 +1225,15 @@ impl Groups {
             let slack = if huge { HUGE_PAGE } else { 0 };
             let map = memmap2::MmapMut::map_anon(bytes.checked_add(slack)?).ok()?;
             let mut offset = 0;
+            let mut advice = None;
             if huge {
                 // The distance up to the next boundary: less than the slack.
                 offset = (map.as_ptr() as usize).wrapping_neg() % HUGE_PAGE;
                 let whole = bytes / HUGE_PAGE * HUGE_PAGE;
-                let _ = map.advise_range(memmap2::Advice::HugePage, offset, whole);
+                // No huge pages until the table holds enough keys to pay for them (see `grew`),
+                // also where the kernel would use them unasked.
+                let _ = map.advise_range(memmap2::Advice::NoHugePage, offset, whole);
+                advice = Some((offset, whole, whole / HUGE_PAGE * HUGE_KEYS_PER_PAGE));
             }
             // SAFETY: `offset` is below the 2 MiB of slack, so `offset + bytes` is in the map.
             let first = unsafe { map.as_ptr().add(offset) } as *const Group;
@@ -1218,6 +1244,8 @@ impl Groups {
                 first,
                 passes,
                 len,
+                huge: advice,
+                advised: std::sync::atomic::AtomicBool::new(false),
             })
         }
         #[cfg(tollgate_loom)]
@@ -1228,6 +1256,41 @@ impl Groups {
             let passes = (0..len).map(|_| AtomicU8::new(0)).collect();
             Some(Groups { vec, passes, len })
         }
+    }
+
+    /// The table now holds `keys` keys: past the threshold, its whole 2 MiB pages are advised as
+    /// huge pages, once, and collapsed into them where the kernel can (Linux 6.1's
+    /// `MADV_COLLAPSE`, a few milliseconds for a table of a million keys, taken once by the
+    /// insert that crosses the threshold); elsewhere the kernel's background collapse does it.
+    #[inline]
+    fn grew(&self, keys: usize) {
+        #[cfg(not(tollgate_loom))]
+        if let Some((offset, whole, threshold)) = self.huge {
+            // Relaxed: the flag only makes the advice happen once; the advice orders nothing.
+            if keys >= threshold
+                && !self.advised.load(std::sync::atomic::Ordering::Relaxed)
+                && !self
+                    .advised
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                let _ = self
+                    ._map
+                    .advise_range(memmap2::Advice::HugePage, offset, whole);
+                #[cfg(target_os = "linux")]
+                // SAFETY: the range lies inside `_map`, which is alive; MADV_COLLAPSE only
+                // rearranges the pages behind it (their contents stay as they are) and fails
+                // harmlessly where unsupported.
+                unsafe {
+                    let _ = libc::madvise(
+                        self._map.as_ptr().add(offset) as *mut libc::c_void,
+                        whole,
+                        MADV_COLLAPSE,
+                    );
+                }
+            }
+        }
+        #[cfg(tollgate_loom)]
+        let _ = keys;
     }
 
     #[inline]
