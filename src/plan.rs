@@ -164,8 +164,17 @@ impl Ctx<'_> {
             }
         }
         // The remaining checks (rate too high, burst too large, limit too large for the cell).
+        // Each named at the field it is about: the burst's, the window's, or the limit's line.
         if let Err(e) = q.compile(0) {
-            return self.err(limit.span().start, path, e);
+            let (at, field) = match &e {
+                Error::BurstTooLarge { .. } => {
+                    burst.map_or((limit.span().start, "limit"), |b| (b.span().start, "burst"))
+                }
+                Error::PeriodTooLong { .. } => (window.span().start, "window"),
+                Error::RateTooHigh { .. } => (window.span().start, "window"),
+                _ => (limit.span().start, "limit"),
+            };
+            return self.err(at, &format!("{path}.{field}"), e);
         }
         Ok(q)
     }
@@ -395,9 +404,58 @@ impl Ctx<'_> {
 }
 
 /// A toml parse error as a config error with its line.
-fn toml_error(src: &str, e: &toml::de::Error) -> Error {
+/// A TOML or type error as a config error: its line, the dotted path of the field it is in
+/// (`plans.free.window`), and what the field accepts, in words rather than serde's type names.
+pub(crate) fn toml_error(src: &str, e: &toml::de::Error) -> Error {
+    let message = e.message().trim();
+    let message = if message.contains("untagged enum RawDuration") {
+        "expected a duration: whole seconds (60) or text (\"1m30s\", \"1.5s\", \"1h 30m\")"
+            .to_string()
+    } else {
+        message
+            .replace("expected i64", "expected an integer")
+            .replace("expected a sequence", "expected a list")
+    };
+    let Some(span) = e.span() else {
+        return Error::Config {
+            line: None,
+            message,
+        };
+    };
+    let message = match field_at(src, span.start) {
+        Some(field) => format!("{field}: {message}"),
+        None => message,
+    };
     Error::Config {
-        line: e.span().map(|s| line_of(src, s.start)),
-        message: e.message().trim().to_string(),
+        line: Some(line_of(src, span.start)),
+        message,
     }
+}
+
+/// The dotted path of the `key = value` line holding byte `at`: the nearest table header above
+/// it and the line's own (possibly dotted) key. `None` when the line is not a key/value pair.
+fn field_at(src: &str, at: usize) -> Option<String> {
+    let at = at.min(src.len());
+    let start = src[..at].rfind('\n').map_or(0, |i| i + 1);
+    let line = src[start..].lines().next().unwrap_or("");
+    let (key, _) = line.split_once('=')?;
+    let key = key.trim().trim_matches('"');
+    if key.is_empty() || key.starts_with('[') || key.starts_with('#') {
+        return None;
+    }
+    let header = src[..start].lines().rev().find_map(|l| {
+        let l = l.trim();
+        l.starts_with('[').then(|| {
+            l.trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        })
+    });
+    Some(match header {
+        Some(h) if !h.is_empty() => format!("{h}.{key}"),
+        _ => key.to_string(),
+    })
 }

@@ -698,11 +698,37 @@ fn config_mistakes_are_errors_with_lines() {
         ),
         (
             "[plans.free]\nlimit = 1\nwindow = 1\n[http]\nbogus = 1\n",
-            "line 5: unknown field `bogus`, expected one of `default_plan`, `key`, `api_key_header`, `forwarded_header`, `trusted_proxies`, `ipv6_prefix`, `on_bad_key`, `headers`, `max_keys`, `sweep_interval`, `api_keys`, `exempt`, `exempt_keys`, `routes`, `global`",
+            "line 5: http.bogus: unknown field `bogus`, expected one of `default_plan`, `key`, `api_key_header`, `forwarded_header`, `trusted_proxies`, `ipv6_prefix`, `on_bad_key`, `headers`, `max_keys`, `sweep_interval`, `api_keys`, `exempt`, `exempt_keys`, `routes`, `global`",
         ),
         (
             "[plans.free]\nlimit = 0\nwindow = 1\n",
             "line 2: plans.free.limit: must be at least 1, got 0",
+        ),
+        // Type errors name the dotted field and say what it accepts, in words.
+        (
+            "[plans.free]\nlimit = \"ten\"\nwindow = 60\n",
+            "line 2: plans.free.limit: invalid type: string \"ten\", expected an integer",
+        ),
+        (
+            "[plans.free]\nlimit = 10\nwindow = 1.5\n",
+            "line 3: plans.free.window: expected a duration: whole seconds (60) or text (\"1m30s\", \"1.5s\", \"1h 30m\")",
+        ),
+        (
+            "[plans.free]\nlimit = 1\nwindow = 1\n[http]\ntrusted_proxies = \"10.0.0.0/8\"\n",
+            "line 5: http.trusted_proxies: invalid type: string \"10.0.0.0/8\", expected a list",
+        ),
+        (
+            "[plans.free]\nlimit = 1\nwindow = 1\n[http]\nsweep_interval = 10\n",
+            "line 5: http.sweep_interval: invalid type: integer `10`, expected a string",
+        ),
+        // A value that does not fit is named on its own line, not the limit's.
+        (
+            "[plans.free]\nlimit = 10\nwindow = 60\nburst = 100000000000000000\n",
+            "line 4: plans.free.burst: quota burst 100000000000000000 is too large for this rate (at most 768614336)",
+        ),
+        (
+            "[plans.free]\nlimit = 10\nwindow = \"200000d\"\n",
+            "line 3: plans.free.window: quota period 17280000000000000000 ns is too long (at most 4611686018427387904 ns, about 146 years)",
         ),
     ];
     for (src, want) in cases {

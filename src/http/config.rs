@@ -240,10 +240,7 @@ impl HttpConfig {
     /// [`Error::Config`] naming the field and its line.
     pub fn parse(src: &str) -> Result<HttpConfig, Error> {
         let plans = PlanConfig::parse_plans_section(src)?;
-        let file: RawFile = toml::from_str(src).map_err(|e| Error::Config {
-            line: e.span().map(|s| line_of(src, s.start)),
-            message: e.message().trim().to_string(),
-        })?;
+        let file: RawFile = toml::from_str(src).map_err(|e| crate::plan::toml_error(src, &e))?;
         let mut config = HttpConfig::new(plans.into_plans());
         if let Some(http) = file.http {
             Ctx { src }.apply(&mut config, http)?;

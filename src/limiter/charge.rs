@@ -239,7 +239,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                         });
                     }
                     let fresh = self.fresh(book, now, true);
-                    if s.refuses_new_keys(&fresh) {
+                    if s.refuses_new_keys() {
                         return Err(Full);
                     }
                     // Insertion and first charge are one write (a denial claims the start).
@@ -380,7 +380,6 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             now: now.saturating_sub(self.sweep_grace_ns),
             rules: &book.rules,
             evictions: evictions.then_some(&self.counters),
-            pause: evictions.then_some(&self.reclaim_pause),
         }
     }
 }

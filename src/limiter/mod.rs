@@ -298,7 +298,6 @@ impl<K, C: Clock> Builder<K, C> {
             full_retry_ns: nanos(self.full_retry),
             sweep_grace_ns: nanos(self.sweep_grace),
             resets: crate::sync::AtomicU64::new(0),
-            reclaim_pause: crate::sync::AtomicU64::new(0),
         })
     }
 }
@@ -368,9 +367,6 @@ pub struct Limiter<K, C = MonotonicClock> {
     /// is dropped when a reset came between its charge and it, so it never lands on a state
     /// that the reset started afresh.
     resets: crate::sync::AtomicU64,
-    /// Until when new states at the cap are denied without a reclaim look (see
-    /// [`OnFull::EvictFresh`]).
-    reclaim_pause: crate::sync::AtomicU64,
 }
 
 impl<K, C: std::fmt::Debug> std::fmt::Debug for Limiter<K, C> {

@@ -93,12 +93,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for DashStore<K> {
             return Ok(f(&e));
         }
         let mut reserved = self.reserve_slot();
-        if !reserved && self.on_full == OnFull::EvictFresh && fresh.may_reclaim() {
-            if self.evict_one(&key, fresh) {
-                reserved = self.reserve_slot();
-            } else {
-                fresh.reclaim_failed();
-            }
+        if !reserved && self.on_full == OnFull::EvictFresh && self.evict_one(&key, fresh) {
+            reserved = self.reserve_slot();
         }
         match self.map.entry(key) {
             dashmap::Entry::Occupied(e) => {

@@ -802,10 +802,8 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     ) -> Result<(), Full> {
         if !self.reserve() {
             let evicted = self.on_full == OnFull::EvictFresh
-                && fresh.may_reclaim()
                 && (self.evict_one(hash, fresh) || self.evict_spilled(shard, fresh, spill));
             if !evicted {
-                fresh.reclaim_failed();
                 return Err(Full);
             }
             if !self.reserve() {
@@ -952,15 +950,13 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     }
 
     /// True when a new key would certainly be refused: the table is at the cap and the policy
-    /// is to deny, or a reclaim just found nothing (see [`OnFull::EvictFresh`]). Lets a flood of
-    /// new keys at a full table be denied with one read of a counter instead of a shard's write
-    /// lock each.
+    /// is to deny. Lets a flood of new keys at a full table be denied with one read of a counter
+    /// instead of a shard's write lock each.
     #[inline]
-    pub(crate) fn refuses_new_keys(&self, fresh: &Fresh<'_>) -> bool {
+    pub(crate) fn refuses_new_keys(&self) -> bool {
         // Relaxed: a snapshot; a key refused while a removal is in flight is refused as if it
         // came just before the removal.
-        self.len.load(Ordering::Relaxed) >= self.max_keys
-            && (self.on_full == OnFull::Deny || !fresh.may_reclaim())
+        self.on_full == OnFull::Deny && self.len.load(Ordering::Relaxed) >= self.max_keys
     }
 
     /// Inserts the (key, rule) hashed to `hash` as an inline state holding `first` (a fresh

@@ -92,12 +92,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for LoomDashStore<K> {
             }
         }
         let mut reserved = self.reserve_slot();
-        if !reserved && self.on_full == OnFull::EvictFresh && fresh.may_reclaim() {
-            if self.evict_one(&key, fresh) {
-                reserved = self.reserve_slot();
-            } else {
-                fresh.reclaim_failed();
-            }
+        if !reserved && self.on_full == OnFull::EvictFresh && self.evict_one(&key, fresh) {
+            reserved = self.reserve_slot();
         }
         let mut table = self.shard_of(&key).write().unwrap();
         if let Some(e) = table.get(&key) {
