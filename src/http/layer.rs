@@ -17,7 +17,7 @@ use crate::cell::Mode;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::http::config::{HttpConfig, KeySource};
+use crate::http::config::{HeaderStyle, HttpConfig, KeySource};
 use crate::http::keys::{
     ClientKey, KeyError, OnBadKey, api_key_from_headers, client_ip_from_headers, walk_headers,
 };
@@ -454,38 +454,45 @@ impl<C: Clock> RateLimitLayer<C> {
     /// The client key of a request head from the configured sources, before any
     /// [`OnBadKey`] fallback: what the layer would key the request by, or why it cannot.
     pub fn client_key(&self, parts: &http::request::Parts) -> Result<ClientKey, KeyError> {
-        let core = &self.core;
-        let mut keys = Vec::with_capacity(core.config.key.len());
-        for source in &core.config.key {
-            let key = match source {
-                KeySource::Ip => peer_ip(parts).ok_or(KeyError::NoPeer).and_then(|peer| {
-                    client_ip_from_headers(
-                        peer,
-                        &parts.headers,
-                        core.config.forwarded,
-                        &core.config.trusted,
-                        core.config.v6_prefix,
-                    )
-                    .map(ClientKey::Ip)
-                }),
-                KeySource::ApiKey => {
-                    api_key_from_headers(&parts.headers, core.api_key_header.as_str())
-                        .map(|k| ClientKey::ApiKey(k.into()))
-                }
-                KeySource::User => match self.hooks.user.as_ref().and_then(|f| f(parts)) {
-                    Some(u) if !u.is_empty() && u.len() <= crate::http::keys::MAX_KEY_LEN => {
-                        Ok(ClientKey::User(u.into()))
-                    }
-                    _ => Err(KeyError::NoUser),
-                },
-            };
-            keys.push(key?);
+        match self.core.config.key.as_slice() {
+            [one] => self.source_key(parts, *one),
+            sources => {
+                let keys = sources
+                    .iter()
+                    .map(|s| self.source_key(parts, *s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(ClientKey::Composite(keys.into()))
+            }
         }
-        Ok(if keys.len() == 1 {
-            keys.pop().unwrap_or(ClientKey::Unidentified)
-        } else {
-            ClientKey::Composite(keys.into())
-        })
+    }
+
+    /// The key of one source.
+    fn source_key(
+        &self,
+        parts: &http::request::Parts,
+        source: KeySource,
+    ) -> Result<ClientKey, KeyError> {
+        let core = &self.core;
+        match source {
+            KeySource::Ip => peer_ip(parts).ok_or(KeyError::NoPeer).and_then(|peer| {
+                client_ip_from_headers(
+                    peer,
+                    &parts.headers,
+                    core.config.forwarded,
+                    &core.config.trusted,
+                    core.config.v6_prefix,
+                )
+                .map(ClientKey::Ip)
+            }),
+            KeySource::ApiKey => api_key_from_headers(&parts.headers, core.api_key_header.as_str())
+                .map(|k| ClientKey::ApiKey(k.into())),
+            KeySource::User => match self.hooks.user.as_ref().and_then(|f| f(parts)) {
+                Some(u) if !u.is_empty() && u.len() <= crate::http::keys::MAX_KEY_LEN => {
+                    Ok(ClientKey::User(u.into()))
+                }
+                _ => Err(KeyError::NoUser),
+            },
+        }
     }
 
     /// The request's key: the custom extractor's, or the configured sources' after the
@@ -536,30 +543,36 @@ impl<C: Clock> RateLimitLayer<C> {
             })
     }
 
-    /// The request's plan (the resolver's, else the API key table's, else the default) and the
-    /// key to charge. An API key from the configured sources that neither the resolver nor the
-    /// table knows is no identity: the request is keyed as one without a key, under the
-    /// default plan (or rejected, by [`OnBadKey`]).
-    async fn plan_of(
+    /// The request's plan from the API key table (no resolver), and the key to charge.
+    fn plan_from_table(
         &self,
         parts: &http::request::Parts,
         client: ClientKey,
     ) -> Result<(ClientKey, PlanId), KeyError> {
         let core = &self.core;
-        let vouched = self.hooks.key.is_none() && core.config.key.contains(&KeySource::ApiKey);
-        let name = match &self.hooks.resolver {
-            Some(resolve) => resolve(parts, &client).await,
-            None => {
-                let key = match api_key_of(&client) {
-                    Some(k) => Some(k),
-                    None => api_key_from_headers(&parts.headers, core.api_key_header.as_str()).ok(),
-                };
-                if let Some(&plan) = key.and_then(|k| core.api_key_plans.get(k)) {
-                    return Ok((client, plan));
-                }
-                None
+        if !core.api_key_plans.is_empty() {
+            let key = match api_key_of(&client) {
+                Some(k) => Some(k),
+                None => api_key_from_headers(&parts.headers, core.api_key_header.as_str()).ok(),
+            };
+            if let Some(&plan) = key.and_then(|k| core.api_key_plans.get(k)) {
+                return Ok((client, plan));
             }
-        };
+        }
+        self.plan_named(parts, client, None)
+    }
+
+    /// The request's plan from a name (the resolver's answer; `None`: no plan named, as from a
+    /// table that does not list the key) and the key to charge. An API key from the configured
+    /// sources that nothing knows is no identity: the request is keyed as one without a key,
+    /// under the default plan (or rejected, by [`OnBadKey`]).
+    fn plan_named(
+        &self,
+        parts: &http::request::Parts,
+        client: ClientKey,
+        name: Option<String>,
+    ) -> Result<(ClientKey, PlanId), KeyError> {
+        let core = &self.core;
         match name {
             Some(n) => {
                 let plan = core.limiter.plan(&n).unwrap_or_else(|| {
@@ -568,7 +581,10 @@ impl<C: Clock> RateLimitLayer<C> {
                 });
                 Ok((client, plan))
             }
-            None if vouched && api_key_of(&client).is_some() => {
+            None if self.hooks.key.is_none()
+                && core.config.key.contains(&KeySource::ApiKey)
+                && api_key_of(&client).is_some() =>
+            {
                 let client = self.fallback(parts, KeyError::UnknownApiKey)?;
                 Ok((client, core.default_plan))
             }
@@ -576,19 +592,131 @@ impl<C: Clock> RateLimitLayer<C> {
         }
     }
 
+    /// Everything before the plan: the key (or the layer's own answer), exemption, cost.
+    // The answer is the response the future returns by value anyway: boxing it would only add
+    // an allocation to the denial path.
+    #[allow(clippy::result_large_err)]
+    fn front(&self, parts: &http::request::Parts) -> Result<Front, Response<Full<Bytes>>> {
+        let core = &self.core;
+        core.counters.request();
+        let client = match self.key_of(parts) {
+            Ok(k) => k,
+            Err(Rejection::BadKey(e)) => return Err(self.bad_key(parts, e)),
+            Err(Rejection::Custom(resp)) => {
+                core.counters.rejected_bad_key();
+                return Err(*resp);
+            }
+        };
+        let cost = self.hooks.cost.as_ref().map_or(1, |f| f(parts));
+        if cost == 0 || self.exempt(parts, &client) {
+            core.counters.exempt();
+            return Ok(Front::Exempt);
+        }
+        Ok(Front::Charge { client, cost })
+    }
+
+    /// The 400 for a request without a usable key.
+    fn bad_key(&self, parts: &http::request::Parts, e: KeyError) -> Response<Full<Bytes>> {
+        self.core.counters.rejected_bad_key();
+        reject(
+            parts,
+            StatusCode::BAD_REQUEST,
+            grpc::INVALID_ARGUMENT,
+            "Bad request",
+            &e.to_string(),
+        )
+    }
+
+    /// Charges the request once its plan is known: what to forward with, or the layer's answer.
+    #[allow(clippy::result_large_err)] // as `front`
+    fn charge(
+        &self,
+        parts: &http::request::Parts,
+        found: Result<(ClientKey, PlanId), KeyError>,
+        cost: u64,
+    ) -> Result<Passed, Response<Full<Bytes>>> {
+        let core = &self.core;
+        let (client, plan) = found.map_err(|e| self.bad_key(parts, e))?;
+        match self.decide(parts, client, plan, cost) {
+            Verdict::Pass { checks } => {
+                if checks
+                    .iter()
+                    .any(|c| c.detailed.decision.reason() == Reason::SoftLimit)
+                {
+                    core.counters.soft_passed();
+                }
+                let delay = checks
+                    .iter()
+                    .map(|c| c.detailed.decision.delay_ns())
+                    .max()
+                    .unwrap_or(0);
+                if delay > 0 {
+                    core.counters.queued(delay);
+                }
+                Ok(Passed {
+                    checks,
+                    cost,
+                    delay,
+                })
+            }
+            Verdict::Deny { checks, at, client } => {
+                core.counters.limited();
+                Err(self.too_many(parts, &client, &checks, at))
+            }
+            Verdict::Error(Error::CostExceedsCapacity { cost, capacity }) => {
+                core.counters.limited();
+                Err(reject(
+                    parts,
+                    StatusCode::TOO_MANY_REQUESTS,
+                    grpc::RESOURCE_EXHAUSTED,
+                    "Rate limit exceeded",
+                    &format!("This request costs {cost}; the limit holds at most {capacity}"),
+                ))
+            }
+            Verdict::Error(e) => {
+                core.counters.internal_error();
+                Err(reject(
+                    parts,
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    grpc::INTERNAL,
+                    "Rate limiter misconfigured",
+                    &e.to_string(),
+                ))
+            }
+        }
+    }
+
+    /// After the inner service answered a passed request: the refund, then the headers.
+    fn finish<B>(&self, resp: &mut Response<B>, passed: &mut Passed) {
+        if self.hooks.refund.as_ref().is_some_and(|f| f(resp.status())) {
+            refund_all(&self.core.limiter, &mut passed.checks, passed.cost);
+            self.core.counters.refunded();
+        }
+        self.write_headers(resp.headers_mut(), &passed.checks);
+    }
+
     /// Charges every limit that applies, all or nothing.
     fn decide(
         &self,
         parts: &http::request::Parts,
-        client: ClientKey,
+        mut client: ClientKey,
         plan: PlanId,
         cost: u64,
     ) -> Verdict {
         let core = &self.core;
         let method = parts.method.as_str();
         let path = parts.uri.path();
-        let mut checks: Vec<Check> = Vec::with_capacity(1 + core.rules.len());
+        let mut checks = Checks::new();
         let own = core.plans.get(&plan).map(|p| Arc::clone(&p.policy));
+        let own_key = HttpKey {
+            rule: None,
+            // The only limit (no rules): the key moves in; a denial gets it back from there.
+            client: if core.rules.is_empty() {
+                std::mem::replace(&mut client, ClientKey::Unidentified)
+            } else {
+                client.clone()
+            },
+        };
         let rules = core.rules.iter().enumerate().filter_map(|(i, r)| {
             if !r.rule.matches(method, path) {
                 return None;
@@ -604,10 +732,6 @@ impl<C: Clock> RateLimitLayer<C> {
             let rule_plan = r.tiers.get(&plan).copied().unwrap_or(r.plan);
             Some((key, rule_plan, r.policies.get(&rule_plan).cloned()))
         });
-        let own_key = HttpKey {
-            rule: None,
-            client: client.clone(),
-        };
         let mut denied = None;
         for (key, plan, policy) in std::iter::once((own_key, plan, own)).chain(rules) {
             // After a denial the remaining limits are only peeked, so the headers still list
@@ -638,7 +762,10 @@ impl<C: Clock> RateLimitLayer<C> {
         }
         if let Some(at) = denied {
             refund_all(&core.limiter, &mut checks[..at], cost);
-            return Verdict::Deny { checks, at };
+            if core.rules.is_empty() {
+                client = checks[0].key.client.clone();
+            }
+            return Verdict::Deny { checks, at, client };
         }
         Verdict::Pass { checks }
     }
@@ -650,7 +777,11 @@ impl<C: Clock> RateLimitLayer<C> {
             return;
         }
         // One growth of the map at most, instead of one per header.
-        headers.reserve(6);
+        headers.reserve(match style {
+            HeaderStyle::Both => 5,
+            HeaderStyle::Github => 3,
+            _ => 2,
+        });
         let now = checks[0].detailed.now;
         let epoch = self.core.limiter.clock().unix_epoch_ns();
         if style.github() {
@@ -813,9 +944,76 @@ struct Check {
 }
 
 enum Verdict {
-    Pass { checks: Vec<Check> },
-    Deny { checks: Vec<Check>, at: usize },
+    Pass {
+        checks: Checks,
+    },
+    Deny {
+        checks: Checks,
+        at: usize,
+        client: ClientKey,
+    },
     Error(Error),
+}
+
+/// The limits charged for one request: one inline (a plan and no rule, the common case), more
+/// in a `Vec`.
+enum Checks {
+    None,
+    One(Box<Check>),
+    Many(Vec<Check>),
+}
+
+impl Checks {
+    fn new() -> Self {
+        Checks::None
+    }
+
+    fn push(&mut self, c: Check) {
+        *self = match std::mem::replace(self, Checks::None) {
+            Checks::None => Checks::One(Box::new(c)),
+            Checks::One(first) => Checks::Many(vec![*first, c]),
+            Checks::Many(mut v) => {
+                v.push(c);
+                Checks::Many(v)
+            }
+        };
+    }
+}
+
+impl std::ops::Deref for Checks {
+    type Target = [Check];
+    fn deref(&self) -> &[Check] {
+        match self {
+            Checks::None => &[],
+            Checks::One(c) => std::slice::from_ref(c),
+            Checks::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Checks {
+    fn deref_mut(&mut self) -> &mut [Check] {
+        match self {
+            Checks::None => &mut [],
+            Checks::One(c) => std::slice::from_mut(c),
+            Checks::Many(v) => v,
+        }
+    }
+}
+
+/// What a request holds before its plan is known.
+enum Front {
+    /// Exempt (or free): forwarded uncharged, with no headers.
+    Exempt,
+    /// To be charged `cost` for `client`.
+    Charge { client: ClientKey, cost: u64 },
+}
+
+/// A request that passed: its charges (for the headers and a refund) and how long to hold it.
+struct Passed {
+    checks: Checks,
+    cost: u64,
+    delay: u64,
 }
 
 fn undo_all<C: Clock>(limiter: &Limiter<HttpKey, C>, checks: &mut [Check]) {
@@ -952,7 +1150,7 @@ where
 {
     type Response = Response<RateLimitBody<ResBody>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error, C>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -963,97 +1161,147 @@ where
         // the next `poll_ready` (the usual tower pattern).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let layer = self.layer.clone();
-        Box::pin(async move {
-            let core = &layer.core;
-            core.counters.request();
-            let (parts, body) = req.into_parts();
-            let bad_key = |parts: &http::request::Parts, e: KeyError| {
-                core.counters.rejected_bad_key();
-                let resp = reject(
-                    parts,
-                    StatusCode::BAD_REQUEST,
-                    grpc::INVALID_ARGUMENT,
-                    "Bad request",
-                    &e.to_string(),
-                );
-                Ok(resp.map(Either::Right))
-            };
-            let client = match layer.key_of(&parts) {
-                Ok(k) => k,
-                Err(Rejection::BadKey(e)) => return bad_key(&parts, e),
-                Err(Rejection::Custom(resp)) => {
-                    core.counters.rejected_bad_key();
-                    return Ok((*resp).map(Either::Right));
-                }
-            };
-            let cost = layer.hooks.cost.as_ref().map_or(1, |f| f(&parts));
-            if cost == 0 || layer.exempt(&parts, &client) {
-                core.counters.exempt();
-                let resp = inner.call(Request::from_parts(parts, body)).await?;
-                return Ok(resp.map(Either::Left));
+        let layer = &self.layer;
+        let (parts, body) = req.into_parts();
+        let (client, cost) = match layer.front(&parts) {
+            Err(resp) => return ResponseFuture::answer(resp),
+            Ok(Front::Exempt) => {
+                return ResponseFuture::forward(inner.call(Request::from_parts(parts, body)), None);
             }
-            let (client, plan) = match layer.plan_of(&parts, client).await {
-                Ok(found) => found,
-                Err(e) => return bad_key(&parts, e),
-            };
-            let mut checks = match layer.decide(&parts, client.clone(), plan, cost) {
-                Verdict::Pass { checks } => checks,
-                Verdict::Deny { checks, at } => {
-                    core.counters.limited();
-                    let resp = layer.too_many(&parts, &client, &checks, at);
-                    return Ok(resp.map(Either::Right));
+            Ok(Front::Charge { client, cost }) => (client, cost),
+        };
+        if let Some(resolve) = &layer.hooks.resolver {
+            // An async plan lookup: the rest runs in a boxed future of its own.
+            let resolving = resolve(&parts, &client);
+            let layer = layer.clone();
+            return ResponseFuture::boxed(async move {
+                let name = resolving.await;
+                let found = layer.plan_named(&parts, client, name);
+                let passed = match layer.charge(&parts, found, cost) {
+                    Ok(p) => p,
+                    Err(resp) => return Ok(resp.map(Either::Right)),
+                };
+                forward_after(layer, inner, Request::from_parts(parts, body), passed).await
+            });
+        }
+        let found = layer.plan_from_table(&parts, client);
+        let passed = match layer.charge(&parts, found, cost) {
+            Ok(p) => p,
+            Err(resp) => return ResponseFuture::answer(resp),
+        };
+        let req = Request::from_parts(parts, body);
+        if passed.delay > 0 {
+            // The queue strategy: held until the reservation's moment.
+            let layer = layer.clone();
+            return ResponseFuture::boxed(forward_after(layer, inner, req, passed));
+        }
+        ResponseFuture::forward(inner.call(req), Some((self.layer.clone(), passed)))
+    }
+}
+
+/// Holds a passed request for its delay, forwards it, then finishes the response.
+async fn forward_after<S, C, ReqBody, ResBody>(
+    layer: RateLimitLayer<C>,
+    mut inner: S,
+    req: Request<ReqBody>,
+    mut passed: Passed,
+) -> Result<Response<RateLimitBody<ResBody>>, S::Error>
+where
+    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>>,
+    C: Clock,
+{
+    if passed.delay > 0 {
+        tokio::time::sleep(std::time::Duration::from_nanos(passed.delay)).await;
+    }
+    let mut resp = inner.call(req).await?;
+    layer.finish(&mut resp, &mut passed);
+    Ok(resp.map(Either::Left))
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`RateLimit`]: the inner service's future with the headers added
+    /// when it completes (no allocation of its own), the layer's own answer, or, with an async
+    /// plan resolver or a queued request, a boxed future.
+    pub struct ResponseFuture<F, B, E, C: Clock> {
+        #[pin]
+        state: State<F, B, E, C>,
+    }
+}
+
+type BoxedResponse<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
+
+pin_project_lite::pin_project! {
+    #[project = Projected]
+    enum State<F, B, E, C: Clock> {
+        // Forwarded; `after` finishes the response (none for an exempt request).
+        Forward {
+            #[pin]
+            inner: F,
+            after: Option<(RateLimitLayer<C>, Passed)>,
+        },
+        // The layer answers itself (a 429, a 400, a gRPC status).
+        Answer { response: Option<Response<Full<Bytes>>> },
+        // An async resolver or a queue delay.
+        Boxed { future: BoxedResponse<B, E> },
+    }
+}
+
+impl<F, B, E, C: Clock> ResponseFuture<F, B, E, C> {
+    fn answer(response: Response<Full<Bytes>>) -> Self {
+        ResponseFuture {
+            state: State::Answer {
+                response: Some(response),
+            },
+        }
+    }
+    fn forward(inner: F, after: Option<(RateLimitLayer<C>, Passed)>) -> Self {
+        ResponseFuture {
+            state: State::Forward { inner, after },
+        }
+    }
+    fn boxed(
+        future: impl Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send + 'static,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Boxed {
+                future: Box::pin(future),
+            },
+        }
+    }
+}
+
+impl<F, B, E, C> Future for ResponseFuture<F, B, E, C>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    C: Clock,
+{
+    type Output = Result<Response<RateLimitBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            Projected::Forward { inner, after } => {
+                let mut resp = std::task::ready!(inner.poll(cx))?;
+                if let Some((layer, mut passed)) = after.take() {
+                    layer.finish(&mut resp, &mut passed);
                 }
-                Verdict::Error(Error::CostExceedsCapacity { cost, capacity }) => {
-                    core.counters.limited();
-                    let resp = reject(
-                        &parts,
-                        StatusCode::TOO_MANY_REQUESTS,
-                        grpc::RESOURCE_EXHAUSTED,
-                        "Rate limit exceeded",
-                        &format!("This request costs {cost}; the limit holds at most {capacity}"),
-                    );
-                    return Ok(resp.map(Either::Right));
-                }
-                Verdict::Error(e) => {
-                    core.counters.internal_error();
-                    let resp = reject(
-                        &parts,
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        grpc::INTERNAL,
-                        "Rate limiter misconfigured",
-                        &e.to_string(),
-                    );
-                    return Ok(resp.map(Either::Right));
-                }
-            };
-            if checks
-                .iter()
-                .any(|c| c.detailed.decision.reason() == Reason::SoftLimit)
-            {
-                core.counters.soft_passed();
+                Poll::Ready(Ok(resp.map(Either::Left)))
             }
-            let delay = checks
-                .iter()
-                .map(|c| c.detailed.decision.delay_ns())
-                .max()
-                .unwrap_or(0);
-            if delay > 0 {
-                core.counters.queued(delay);
-                tokio::time::sleep(std::time::Duration::from_nanos(delay)).await;
-            }
-            let mut resp = inner.call(Request::from_parts(parts, body)).await?;
-            if layer
-                .hooks
-                .refund
-                .as_ref()
-                .is_some_and(|f| f(resp.status()))
-            {
-                refund_all(&core.limiter, &mut checks, cost);
-                core.counters.refunded();
-            }
-            layer.write_headers(resp.headers_mut(), &checks);
-            Ok(resp.map(Either::Left))
+            Projected::Answer { response } => Poll::Ready(Ok(response
+                .take()
+                .expect("a ResponseFuture polled after it completed")
+                .map(Either::Right))),
+            Projected::Boxed { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<F, B, E, C: Clock> std::fmt::Debug for ResponseFuture<F, B, E, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match &self.state {
+            State::Forward { .. } => "ResponseFuture::Forward",
+            State::Answer { .. } => "ResponseFuture::Answer",
+            State::Boxed { .. } => "ResponseFuture::Boxed",
         })
     }
 }

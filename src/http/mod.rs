@@ -40,4 +40,6 @@ pub use keys::{
     api_key_from_headers, client_ip, client_ip_from_headers, parse_forwarded,
     parse_x_forwarded_for,
 };
-pub use layer::{Denied, HttpKey, PlanFuture, RateLimit, RateLimitBody, RateLimitLayer};
+pub use layer::{
+    Denied, HttpKey, PlanFuture, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture,
+};
