@@ -519,7 +519,9 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// group was random and the branch mispredicted on most lookups of a busy table.
     #[inline]
     fn first_slot(hash: u64) -> usize {
-        ((hash >> 32) as usize) % GROUP
+        // The rule's id too: the rules of one key share a home group (see `rule_hash`) and
+        // start at different slots of it.
+        (((hash >> 32) + (hash >> crate::store::RULE_SHIFT)) as usize) % GROUP
     }
 
     /// The group `hash`'s probe starts at, as an index into the whole table: its shard's groups
@@ -531,10 +533,11 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     }
 
     /// [`home`](Self::home) for a shard of `groups` groups. The two bits a tag replaces by its
-    /// kind take no part, so a slot's tag tells its key's home (see [`displaced`](Self::displaced)).
+    /// kind take no part, so a slot's tag tells its key's home (see [`displaced`](Self::displaced)),
+    /// nor do the rule's id bits, so every rule of a key has the same home (see [`rule_hash`]).
     #[inline(always)]
     fn home_of(groups: usize, hash: u64) -> usize {
-        (((hash & 0xFFFF_FFFC) * groups as u64) >> 32) as usize
+        (((hash & 0xFFFF_F800) * groups as u64) >> 32) as usize
     }
 
     /// The pass counts of `shard`'s groups (see [`Groups`]).
