@@ -238,6 +238,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                             retries: 0,
                         });
                     }
+                    self.new_state_seen();
                     let fresh = self.fresh(book, now, true);
                     if s.refuses_new_keys() {
                         return Err(Full);
@@ -281,6 +282,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         if mode.is_peek() {
             return Ok(apply(&start));
         }
+        self.new_state_seen();
         let a = s.with_or_insert(key, part.id, || start, self.fresh(book, now, true), apply)?;
         self.retire_lineage(s, key, part);
         Ok(a)

@@ -40,6 +40,7 @@ pub struct Builder<K, C = MonotonicClock> {
     shards: usize,
     full_retry: Duration,
     sweep_grace: Duration,
+    housekeeping: bool,
     clock: C,
     key: PhantomData<fn(K)>,
 }
@@ -224,6 +225,25 @@ impl<K, C: Clock> Builder<K, C> {
         self.sweep_grace = grace;
         self
     }
+
+    /// Whether calls that create state also sweep, now and then, one shard from where the last
+    /// sweep stopped (default on): every `max_keys / shards / 8` new states (at least 64, at
+    /// most 65,536), the call that makes the count sweeps one shard (others skip while it
+    /// runs), so stale states go and sliding logs give their memory back with no sweeper
+    /// thread and no sweep call; amortised, about 8 slot visits a new state. Off: stale states
+    /// go only by sweeping (`sweep_once`, `start_sweeper`) and by reclaim at the cap.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Quota};
+    /// let limiter = Limiter::<u64>::builder().quota(Quota::per_second(5)).housekeeping(false).build()?;
+    /// # let _ = limiter;
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn housekeeping(mut self, on: bool) -> Self {
+        self.housekeeping = on;
+        self
+    }
+
     /// The time source (default [`MonotonicClock`]).
     ///
     /// ```
@@ -248,6 +268,7 @@ impl<K, C: Clock> Builder<K, C> {
             shards: self.shards,
             full_retry: self.full_retry,
             sweep_grace: self.sweep_grace,
+            housekeeping: self.housekeeping,
             clock,
             key: PhantomData,
         }
@@ -298,6 +319,13 @@ impl<K, C: Clock> Builder<K, C> {
             full_retry_ns: nanos(self.full_retry),
             sweep_grace_ns: nanos(self.sweep_grace),
             resets: crate::sync::AtomicU64::new(0),
+            new_states: std::sync::atomic::AtomicUsize::new(0),
+            housekeep_every: if self.housekeeping {
+                (self.max_keys / self.shards.max(1) / 8).clamp(64, 1 << 16)
+            } else {
+                0
+            },
+            housekeeping: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }
@@ -367,6 +395,14 @@ pub struct Limiter<K, C = MonotonicClock> {
     /// is dropped when a reset came between its charge and it, so it never lands on a state
     /// that the reset started afresh.
     resets: crate::sync::AtomicU64,
+    /// States about to be created since the limiter was built: the housekeeping step's clock.
+    /// A std atomic even under loom, like the next two: a heuristic count that orders nothing
+    /// (the step it triggers is an ordinary sweep, with the sweep's own synchronisation).
+    new_states: std::sync::atomic::AtomicUsize,
+    /// New states between two housekeeping steps; 0 when housekeeping is off.
+    housekeep_every: usize,
+    /// A housekeeping step is running: the others skip theirs.
+    housekeeping: std::sync::atomic::AtomicBool,
 }
 
 impl<K, C: std::fmt::Debug> std::fmt::Debug for Limiter<K, C> {
@@ -428,6 +464,7 @@ impl<K> Limiter<K, MonotonicClock> {
             shards: cores * 4,
             full_retry: Duration::from_secs(1),
             sweep_grace: Duration::from_secs(1),
+            housekeeping: true,
             clock: MonotonicClock::new(),
             key: PhantomData,
         }
@@ -1015,6 +1052,38 @@ const MAX_NOW_NS: u64 = (1 << 63) - 1;
 #[inline]
 fn clamp_now(now: u64) -> u64 {
     now.min(MAX_NOW_NS)
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// A call is about to create a state (no store lock held): counts it, and every
+    /// `housekeep_every`-th one sweeps one shard (see [`Builder::housekeeping`]).
+    #[inline]
+    pub(crate) fn new_state_seen(&self) {
+        if self.housekeep_every == 0 {
+            return;
+        }
+        // Relaxed: a count that only paces the step.
+        let n = self
+            .new_states
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n % self.housekeep_every == self.housekeep_every - 1 {
+            self.housekeep();
+        }
+    }
+
+    #[cold]
+    fn housekeep(&self) {
+        // Acquire/Release: only makes one step run at a time; the sweep synchronises itself.
+        if self
+            .housekeeping
+            .swap(true, std::sync::atomic::Ordering::Acquire)
+        {
+            return;
+        }
+        self.sweep_once(1);
+        self.housekeeping
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Sweep for Limiter<K, C> {

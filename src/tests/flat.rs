@@ -38,6 +38,8 @@ fn build_with(
         .shards(2)
         .max_keys(max_keys)
         .on_full(on_full)
+        // No housekeeping sweeps: each store's would sweep a different shard's states.
+        .housekeeping(false)
         .sweep_grace(Duration::ZERO)
         .clock(clock.clone())
         .build()
@@ -630,6 +632,8 @@ fn evictions_leave_exact_pass_counts() {
         .quota(Quota::per_hour(1).burst(1))
         .max_keys(KEYS as usize)
         .on_full(OnFull::EvictFresh)
+        // Evictions alone (a housekeeping sweep would remove fresh keys in bulk).
+        .housekeeping(false)
         .sweep_grace(Duration::ZERO)
         .clock(clock.clone())
         .build()
