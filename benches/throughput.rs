@@ -45,7 +45,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tollgate::{Clock, CountingAllocator, Decision, Limiter, MonotonicClock, Quota, StoreKind};
+#[path = "../src/bin/tollgate/counting_alloc.rs"]
+mod counting_alloc;
+
+use counting_alloc::CountingAllocator;
+use tollgate::{Clock, Decision, Limiter, MonotonicClock, Quota, StoreKind};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;

@@ -3,7 +3,6 @@
 #![warn(missing_debug_implementations)]
 
 pub(crate) mod algo;
-pub(crate) mod alloc;
 pub(crate) mod cell;
 pub(crate) mod clock;
 pub(crate) mod decision;
@@ -35,7 +34,6 @@ pub mod loom_api;
 #[doc(hidden)]
 pub mod fuzz_api;
 
-pub use alloc::CountingAllocator;
 pub use clock::{Clock, FAKE_UNIX_EPOCH_S, FakeClock, MonotonicClock};
 pub use decision::{Decision, Reason};
 pub use error::Error;

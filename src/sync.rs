@@ -13,9 +13,6 @@ pub(crate) use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWri
 /// threads (once per thread start and exit) uses it. Under loom every model thread shares one
 /// OS thread's index and counts on the shared stripe, so the models lose nothing.
 pub(crate) use std::sync::Mutex as StaticMutex;
-/// A process-wide counter that no model needs to see (statics cannot hold loom atomics): only the
-/// counting allocator uses it.
-pub(crate) use std::sync::atomic::AtomicUsize as StaticAtomicUsize;
 
 #[cfg(tollgate_loom)]
 pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};

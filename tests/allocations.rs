@@ -3,7 +3,11 @@
 
 use std::hint::black_box;
 
-use tollgate::{Algorithm, CountingAllocator, FakeClock, Limiter, Quota};
+#[path = "../src/bin/tollgate/counting_alloc.rs"]
+mod counting_alloc;
+
+use counting_alloc::CountingAllocator;
+use tollgate::{Algorithm, FakeClock, Limiter, Quota};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;

@@ -10,9 +10,11 @@
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use tollgate::{
-    Clock, CountingAllocator, FakeClock, Limiter, MonotonicClock, OnFull, Quota, Reason,
-};
+#[path = "../src/bin/tollgate/counting_alloc.rs"]
+mod counting_alloc;
+
+use counting_alloc::CountingAllocator;
+use tollgate::{Clock, FakeClock, Limiter, MonotonicClock, OnFull, Quota, Reason};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;

@@ -11,10 +11,12 @@ use std::io::{self, Write as _};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use tollgate::{Algorithm, Clock, CountingAllocator, Error, FakeClock, Limiter, Quota};
+mod counting_alloc;
+
+use counting_alloc::CountingAllocator;
+use tollgate::{Algorithm, Clock, Error, FakeClock, Limiter, Quota};
 
 #[cfg(feature = "http")]
-#[path = "tollgate/serve.rs"]
 mod serve;
 
 /// Live heap bytes, for the demo's "bytes per key" column.
