@@ -203,7 +203,15 @@ impl<C: Clock> Clone for RateLimitLayer<C> {
 }
 
 impl RateLimitLayer<MonotonicClock> {
-    /// A layer on the monotonic clock.
+    /// A layer on the monotonic clock; every name the config uses is checked here.
+    ///
+    /// ```
+    /// use tollgate::http::{HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 60\nwindow = \"1m\"\n[http]\nkey = \"ip\"\n")?;
+    /// let layer = RateLimitLayer::new(config)?;
+    /// assert_eq!(layer.limiter().plan_names(), ["free"]);
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
     pub fn new(config: HttpConfig) -> Result<Self, Error> {
         Self::with_clock(config, MonotonicClock::new())
     }

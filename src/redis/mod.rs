@@ -501,6 +501,24 @@ enum Failure {
 
 impl<C: Clock> RedisLimiter<C> {
     /// Checks one unit for `key`. Never fails: when Redis cannot answer, the policy does.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use std::time::Duration;
+    /// use tollgate::Quota;
+    /// use tollgate::redis::{FailurePolicy, RedisLimiter, Source};
+    /// // Nothing listens on port 1: the failure policy answers, within the deadline.
+    /// let limiter = RedisLimiter::builder("redis://127.0.0.1:1/")
+    ///     .quota(Quota::per_second(10))
+    ///     .deadline(Duration::from_millis(50))
+    ///     .on_failure(FailurePolicy::Closed)
+    ///     .build()?;
+    /// let c = limiter.check("user:42").await;
+    /// assert!(!c.decision().is_allowed());
+    /// assert_eq!(c.source(), Source::FailedClosed);
+    /// assert!(c.is_degraded());
+    /// # Ok::<(), tollgate::Error>(()) }).unwrap();
+    /// ```
     pub async fn check(&self, key: &str) -> Checked {
         // Cost 1 is always valid (every quota holds at least one unit), so the error arm is
         // never taken; it answers by the policy rather than panic.
