@@ -164,6 +164,20 @@ impl Ctx<'_> {
             }
         }
         // The remaining checks (rate too high, burst too large, limit too large for the cell).
+        // A burst does nothing for a window algorithm (it admits `limit` a window): a key that
+        // would be silently ignored is an error.
+        if let Some(b) = burst {
+            if !matches!(q.algo(), Algorithm::TokenBucket | Algorithm::LeakyBucket) {
+                return self.err(
+                    b.span().start,
+                    &format!("{path}.burst"),
+                    format!(
+                        "only token_bucket and leaky_bucket have a burst; {} admits `limit` per window",
+                        q.algo().name()
+                    ),
+                );
+            }
+        }
         // Each named at the field it is about: the burst's, the window's, or the limit's line.
         if let Err(e) = q.compile(0) {
             let (at, field) = match &e {

@@ -721,6 +721,11 @@ fn config_mistakes_are_errors_with_lines() {
             "[plans.free]\nlimit = 1\nwindow = 1\n[http]\nsweep_interval = 10\n",
             "line 5: http.sweep_interval: invalid type: integer `10`, expected a string",
         ),
+        // A key that would do nothing is an error, not ignored.
+        (
+            "[plans.free]\nlimit = 10\nwindow = 60\nalgorithm = \"fixed_window\"\nburst = 5\n",
+            "line 5: plans.free.burst: only token_bucket and leaky_bucket have a burst; fixed_window admits `limit` per window",
+        ),
         // A value that does not fit is named on its own line, not the limit's.
         (
             "[plans.free]\nlimit = 10\nwindow = 60\nburst = 100000000000000000\n",
