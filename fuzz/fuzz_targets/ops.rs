@@ -133,6 +133,9 @@ fuzz_target!(|data: &[u8]| {
         // Four keys are used: a small table keeps each run cheap (a store may map its whole
         // table up front), far from the cap.
         .max_keys(64)
+        // The reference models explicit sweeps only: no housekeeping sweeps of their own
+        // (tests/reclaim.rs covers those).
+        .housekeeping(false)
         .quota(p.quota())
         .clock(clock.clone())
         .sweep_grace(Duration::from_nanos(grace))
