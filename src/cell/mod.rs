@@ -257,7 +257,7 @@ pub(crate) fn apply_inline(
 
 /// [`apply_inline`] for one part of a compound charge: the same decision, with the refund token
 /// [`refund_inline`] needs to take the charge back. `None` when the slot is no longer the key's.
-#[inline]
+#[inline(always)]
 pub(crate) fn apply_inline_part(
     slot: &Inline<'_>,
     word: u64,

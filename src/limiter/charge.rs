@@ -170,7 +170,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// Applies one call to the state of (`key`, `part`): `with_token` asks for the token a
     /// refund needs.
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     fn apply_part(
         &self,
         book: &Book,
@@ -194,7 +194,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// [`apply_part`](Self::apply_part) for a word-cell part on the flat store: its slot.
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     fn apply_inline(
         &self,
         s: &FlatStore<K>,
