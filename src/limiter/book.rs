@@ -117,6 +117,8 @@ pub(crate) struct Compiled {
     pub(crate) max_cost: u64,
     /// The plan as the short path serves it, where it can (see [`InlinePlan`]).
     pub(crate) inline: Option<InlinePlan>,
+    /// A two-part plan as the short path serves it, where it can (see [`InlinePair`]).
+    pub(crate) pair: Option<InlinePair>,
 }
 
 impl Compiled {
@@ -185,6 +187,35 @@ impl InlinePlan {
     }
 }
 
+/// A compound plan of two parts, when the short path (`check_in`) can serve it: two word-cell
+/// parts, not a queue, on the flat store, both states already in their slots. The general
+/// path's semantics (the first part charged, the second charged or peeked, the first refunded
+/// when the second denies), without its per-part bookkeeping. Worked out once per book.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InlinePair {
+    pub(crate) ids: [RuleId; 2],
+    pub(crate) rules: [Rule; 2],
+    pub(crate) headroom: u64,
+    pub(crate) soft: bool,
+}
+
+impl InlinePair {
+    fn of(plan: &Compiled) -> Option<InlinePair> {
+        let [a, b] = plan.parts.as_slice() else {
+            return None;
+        };
+        let served = a.rule.kind != Kind::Log
+            && b.rule.kind != Kind::Log
+            && !matches!(plan.strategy, Strategy::Queue { .. });
+        served.then_some(InlinePair {
+            ids: [a.id, b.id],
+            rules: [a.rule, b.rule],
+            headroom: plan.headroom,
+            soft: plan.strategy == Strategy::Soft,
+        })
+    }
+}
+
 impl Book {
     /// Compiles `plans`, extending `previous`'s rule table (and taking each changed part's
     /// lineage from the plan of the same name there). `inline`: whether the store can serve the
@@ -243,6 +274,7 @@ impl Book {
                 headroom: plan.headroom,
                 max_cost: capacity - plan.headroom,
                 inline: None,
+                pair: None,
             });
         }
         // A part carries state over only from rules that no plan uses any more: the state of a
@@ -267,6 +299,7 @@ impl Book {
         if inline {
             for plan in &mut compiled {
                 plan.inline = InlinePlan::of(plan);
+                plan.pair = InlinePair::of(plan);
             }
         }
         let inline = compiled.first().and_then(|p| p.inline);

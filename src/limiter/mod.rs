@@ -586,6 +586,93 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         Some(d)
     }
 
+    /// [`charge_inline`](Self::charge_inline) for a two-part plan (see [`book::InlinePair`]): the
+    /// first part charged; then the second charged, or only peeked when the first denied; the
+    /// first refunded when the second denies; the decisions merged, as `charge_parts` merges
+    /// them. `None`, with nothing left charged, when it does not apply (a key that may be under
+    /// a penalty, a state not in its slot).
+    #[inline(always)]
+    fn charge_pair(
+        &self,
+        s: &FlatStore<K>,
+        pair: &book::InlinePair,
+        hash: u64,
+        now: u64,
+        cost: u64,
+    ) -> Option<Decision> {
+        use crate::cell::{Inline, apply_inline_part, decide_word, refund_inline};
+        if self.penalties.maybe(hash) {
+            return None;
+        }
+        let Found::Inline { slot, tag, word } = s.find(rule_hash(hash, pair.ids[0])) else {
+            return None;
+        };
+        let first = Inline { slot, tag };
+        let second_hash = rule_hash(hash, pair.ids[1]);
+        let Found::Inline {
+            slot,
+            tag,
+            word: second_word,
+        } = s.find(second_hash)
+        else {
+            return None;
+        };
+        let second = Inline { slot, tag };
+        let [rule_a, rule_b] = &pair.rules;
+        let tally = self.counters.tally();
+        let a = apply_inline_part(&first, word, now, cost, rule_a, pair.headroom, Mode::Check)?;
+        let mut retries = a.retries;
+        let mut d = a.decision;
+        if !d.allowed {
+            // The part after a denial is only peeked, for the merged retry_after.
+            let peeked = decide_word(
+                second_word,
+                now,
+                cost,
+                rule_b,
+                pair.headroom,
+                Mode::Peek.previewed(),
+            );
+            d.merge(&peeked.decision);
+        } else {
+            let refund_first = || {
+                let first_hash = rule_hash(hash, pair.ids[0]);
+                if let (Some(token), Found::Inline { slot, tag, word }) =
+                    (a.token, s.find(first_hash))
+                {
+                    // A slot removed meanwhile holds nothing left to take back.
+                    let _ = refund_inline(&Inline { slot, tag }, word, cost, rule_a, token, now);
+                }
+            };
+            let Some(b) = apply_inline_part(
+                &second,
+                second_word,
+                now,
+                cost,
+                rule_b,
+                pair.headroom,
+                Mode::Check,
+            ) else {
+                // The second state left its slot under us: nothing stays charged, and the
+                // general path decides.
+                refund_first();
+                return None;
+            };
+            retries += b.retries;
+            if !b.decision.allowed {
+                refund_first();
+                // Refunded, the first part reports what it holds without this request.
+                d.remaining = (d.remaining + cost).min(d.limit);
+            }
+            d.merge(&b.decision);
+        }
+        if pair.soft {
+            soften_limited(&mut d);
+        }
+        tally.add(Count::of(&d), retries);
+        Some(d)
+    }
+
     /// The hash a key's states and penalty are found by: the flat store's (each rule's slot is
     /// then [`rule_hash`] of it), or the penalty table's own on the dash store.
     #[inline]
@@ -1022,6 +1109,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         {
             // A known state of a one-part plan: the short path, as `check` takes it.
             if let Some(d) = self.charge_inline(s, inline, hash, now, cost) {
+                return Ok(d);
+            }
+        }
+        if let (Map::Flat(s), Some(pair), Mode::Check, true) =
+            (&self.store, &plan.pair, mode, short)
+        {
+            // Known states of a two-part plan: the same semantics as `charge_parts`.
+            if let Some(d) = self.charge_pair(s, pair, hash, now, cost) {
                 return Ok(d);
             }
         }
