@@ -36,6 +36,37 @@ pub struct Stats {
     pub cas_retries: u64,
 }
 
+#[cfg(feature = "metrics")]
+impl Stats {
+    /// Publishes these figures through the [`metrics`] facade, each labelled `limiter = name`:
+    /// counters `tollgate_decisions_total` (label `outcome`: allowed, denied, soft_passed,
+    /// table_full), `tollgate_evictions_total`, `tollgate_sweeps_total`,
+    /// `tollgate_swept_keys_total`, `tollgate_cas_retries_total` (set to their totals, so calling
+    /// again never counts twice) and the gauge `tollgate_keys`. The same names as the HTTP
+    /// layer's Prometheus text.
+    pub fn publish(&self, name: &str) {
+        let limiter = name.to_string();
+        for (outcome, v) in [
+            ("allowed", self.allowed),
+            ("denied", self.denied),
+            ("soft_passed", self.soft_passed),
+            ("table_full", self.table_full),
+        ] {
+            metrics::counter!("tollgate_decisions_total", "limiter" => limiter.clone(), "outcome" => outcome)
+                .absolute(v);
+        }
+        for (metric, v) in [
+            ("tollgate_evictions_total", self.evictions),
+            ("tollgate_sweeps_total", self.sweeps),
+            ("tollgate_swept_keys_total", self.swept),
+            ("tollgate_cas_retries_total", self.cas_retries),
+        ] {
+            metrics::counter!(metric, "limiter" => limiter.clone()).absolute(v);
+        }
+        metrics::gauge!("tollgate_keys", "limiter" => limiter).set(self.keys as f64);
+    }
+}
+
 /// Counters a thread bumps on the hot path.
 #[derive(Default)]
 struct Stripe {

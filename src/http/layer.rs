@@ -459,6 +459,15 @@ impl<C: Clock> RateLimitLayer<C> {
         self.core.counters.render(&self.core.limiter.stats())
     }
 
+    /// Publishes the same counters through the `metrics` facade (feature `metrics`), labelled
+    /// `limiter = name`: the limiter's ([`Stats::publish`](crate::Stats::publish)) and the
+    /// layer's `tollgate_http_*` counters, under the names [`metrics`](Self::metrics) renders.
+    #[cfg(feature = "metrics")]
+    pub fn publish_metrics(&self, name: &str) {
+        self.core.limiter.stats().publish(name);
+        self.core.counters.publish(name);
+    }
+
     /// The client key of a request head from the configured sources, before any
     /// [`OnBadKey`] fallback: what the layer would key the request by, or why it cannot.
     pub fn client_key(&self, parts: &http::request::Parts) -> Result<ClientKey, KeyError> {
@@ -626,6 +635,8 @@ impl<C: Clock> RateLimitLayer<C> {
     /// The 400 for a request without a usable key.
     fn bad_key(&self, parts: &http::request::Parts, e: KeyError) -> Response<Full<Bytes>> {
         self.core.counters.rejected_bad_key();
+        #[cfg(feature = "tracing")]
+        tracing::debug!(target: "tollgate", error = %e, path = parts.uri.path(), "bad client key");
         reject(
             parts,
             StatusCode::BAD_REQUEST,
@@ -669,6 +680,14 @@ impl<C: Clock> RateLimitLayer<C> {
             }
             Verdict::Deny { checks, at, client } => {
                 core.counters.limited();
+                #[cfg(feature = "tracing")]
+                tracing::debug!(
+                    target: "tollgate",
+                    client = %client,
+                    path = parts.uri.path(),
+                    retry_after_ms = checks[at].detailed.decision.retry_after_ns() / 1_000_000,
+                    "rate limited"
+                );
                 Err(self.too_many(parts, &client, &checks, at))
             }
             Verdict::Error(Error::CostExceedsCapacity { cost, capacity }) => {

@@ -65,6 +65,33 @@ impl HttpCounters {
         self.internal_errors.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Publishes the layer's counters through the `metrics` facade, labelled `limiter = name`.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn publish(&self, name: &str) {
+        // Relaxed loads: an approximate snapshot, as a scrape is.
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        for (metric, v) in [
+            ("tollgate_http_requests_total", get(&self.requests)),
+            ("tollgate_http_limited_total", get(&self.limited)),
+            ("tollgate_http_soft_passed_total", get(&self.soft_passed)),
+            ("tollgate_http_queued_total", get(&self.queued)),
+            ("tollgate_http_bad_key_total", get(&self.bad_key)),
+            (
+                "tollgate_http_rejected_bad_key_total",
+                get(&self.rejected_bad_key),
+            ),
+            ("tollgate_http_unknown_plan_total", get(&self.unknown_plan)),
+            (
+                "tollgate_http_internal_errors_total",
+                get(&self.internal_errors),
+            ),
+            ("tollgate_http_exempt_total", get(&self.exempt)),
+            ("tollgate_http_refunded_total", get(&self.refunded)),
+        ] {
+            metrics::counter!(metric, "limiter" => name.to_string()).absolute(v);
+        }
+    }
+
     /// Prometheus text exposition format (version 0.0.4).
     pub(crate) fn render(&self, stats: &Stats) -> String {
         // Relaxed loads: an approximate snapshot is what a scrape is.

@@ -978,6 +978,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let id = book.by_name[name];
         self.book.install(book);
         *plans = next;
+        #[cfg(feature = "tracing")]
+        tracing::info!(target: "tollgate", plan = name, "plan changed");
         Ok(id)
     }
 
@@ -1030,10 +1032,28 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         // otherwise find a fresh state where the removed one still counted.
         let fresh = self.fresh(self.book.current(), now, false);
         self.penalties.sweep(fresh.now);
-        on_store!(&self.store, s => sweep::sweep_once(s, &self.sweep_cursor, fresh, budget, |r| {
+        let removed = on_store!(&self.store, s => sweep::sweep_once(s, &self.sweep_cursor, fresh, budget, |r| {
             self.counters.swept(r)
         })
-        .1)
+        .1);
+        #[cfg(feature = "tracing")]
+        tracing::debug!(target: "tollgate", removed, keys = self.len(), "sweep step");
+        removed
+    }
+
+    /// Publishes [`stats`](Self::stats) through the `metrics` facade (feature `metrics`),
+    /// labelled `limiter = name` (see [`Stats::publish`]): call it from a timer or a scrape.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Quota};
+    /// let limiter = Limiter::<u64>::builder().quota(Quota::per_second(5)).build()?;
+    /// limiter.check(&1);
+    /// limiter.publish_metrics("api"); // a no-op until a recorder is installed
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    #[cfg(feature = "metrics")]
+    pub fn publish_metrics(&self, name: &str) {
+        self.stats().publish(name);
     }
 
     /// Sweeps every shard once; returns the number of states removed.
@@ -1073,6 +1093,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// The denial of a new state when the table is full.
     fn table_full(&self, plan: &Compiled) -> Decision {
+        #[cfg(feature = "tracing")]
+        tracing::debug!(
+            target: "tollgate",
+            keys = self.len(),
+            "table full: a new state was denied (Reason::TableFull)"
+        );
         Decision {
             limit: plan.parts[0].rule.capacity,
             ..Decision::denied(Reason::TableFull, self.full_retry_ns)

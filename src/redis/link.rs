@@ -238,6 +238,23 @@ impl Breaker {
 
     /// A call failed at `now`. Returns true when this failure opened the breaker.
     pub(crate) fn failure(&self, gate: Gate, now: u64) -> bool {
+        let opened = self.record_failure(gate, now);
+        #[cfg(feature = "tracing")]
+        if opened {
+            // Relaxed: a figure for the message only.
+            let backoff_ms = self.backoff.load(Ordering::Relaxed) / 1_000_000;
+            tracing::warn!(
+                target: "tollgate",
+                ?gate,
+                backoff_ms,
+                "Redis failing: breaker open, the failure policy answers"
+            );
+        }
+        opened
+    }
+
+    /// [`failure`](Self::failure)'s bookkeeping.
+    fn record_failure(&self, gate: Gate, now: u64) -> bool {
         match gate {
             Gate::Probe => {
                 // Relaxed: only probes (one at a time, ordered by `probing`) touch it here.
