@@ -5,7 +5,9 @@
 //! performs. Keep it that way: a raw `std` atomic elsewhere is invisible to the model checker.
 
 #[cfg(not(tollgate_loom))]
-pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering,
+};
 #[cfg(not(tollgate_loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -15,7 +17,9 @@ pub(crate) use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWri
 pub(crate) use std::sync::Mutex as StaticMutex;
 
 #[cfg(tollgate_loom)]
-pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering,
+};
 #[cfg(tollgate_loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 

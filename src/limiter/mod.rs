@@ -230,7 +230,8 @@ impl<K, C: Clock> Builder<K, C> {
     /// sweep stopped (default on): every `max_keys / shards / 8` new states (at least 64, at
     /// most 65,536), the call that makes the count sweeps one shard (others skip while it
     /// runs), so stale states go and sliding logs give their memory back with no sweeper
-    /// thread and no sweep call; amortised, about 8 slot visits a new state. Off: stale states
+    /// thread and no sweep call; amortised, about 10 slot visits a new state (a shard has about
+    /// 1.2 slots a state). Off: stale states
     /// go only by sweeping (`sweep_once`, `start_sweeper`) and by reclaim at the cap.
     ///
     /// ```
@@ -319,13 +320,13 @@ impl<K, C: Clock> Builder<K, C> {
             full_retry_ns: nanos(self.full_retry),
             sweep_grace_ns: nanos(self.sweep_grace),
             resets: crate::sync::AtomicU64::new(0),
-            new_states: std::sync::atomic::AtomicUsize::new(0),
+            new_states: crate::sync::AtomicUsize::new(0),
             housekeep_every: if self.housekeeping {
                 (self.max_keys / self.shards.max(1) / 8).clamp(64, 1 << 16)
             } else {
                 0
             },
-            housekeeping: std::sync::atomic::AtomicBool::new(false),
+            housekeeping: crate::sync::AtomicBool::new(false),
         })
     }
 }
@@ -345,6 +346,7 @@ impl<K, C: std::fmt::Debug> std::fmt::Debug for Builder<K, C> {
             .field("shards", &self.shards)
             .field("full_retry", &self.full_retry)
             .field("sweep_grace", &self.sweep_grace)
+            .field("housekeeping", &self.housekeeping)
             .field("clock", &self.clock)
             .finish()
     }
@@ -395,14 +397,14 @@ pub struct Limiter<K, C = MonotonicClock> {
     /// is dropped when a reset came between its charge and it, so it never lands on a state
     /// that the reset started afresh.
     resets: crate::sync::AtomicU64,
-    /// States about to be created since the limiter was built: the housekeeping step's clock.
-    /// A std atomic even under loom, like the next two: a heuristic count that orders nothing
-    /// (the step it triggers is an ordinary sweep, with the sweep's own synchronisation).
-    new_states: std::sync::atomic::AtomicUsize,
+    /// States about to be created since the limiter was built: the housekeeping step's clock,
+    /// a count that orders nothing (the step it triggers is an ordinary sweep, with the sweep's
+    /// own synchronisation).
+    new_states: crate::sync::AtomicUsize,
     /// New states between two housekeeping steps; 0 when housekeeping is off.
     housekeep_every: usize,
     /// A housekeeping step is running: the others skip theirs.
-    housekeeping: std::sync::atomic::AtomicBool,
+    housekeeping: crate::sync::AtomicBool,
 }
 
 impl<K, C: std::fmt::Debug> std::fmt::Debug for Limiter<K, C> {
@@ -592,15 +594,18 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// them. `None`, with nothing left charged, when it does not apply (a key that may be under
     /// a penalty, a state not in its slot).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn charge_pair(
         &self,
         s: &FlatStore<K>,
+        book: &Book,
+        key: &K,
         pair: &book::InlinePair,
         hash: u64,
         now: u64,
         cost: u64,
     ) -> Option<Decision> {
-        use crate::cell::{Inline, apply_inline_part, decide_word, refund_inline};
+        use crate::cell::{Inline, apply_inline_part, decide_word};
         if self.penalties.maybe(hash) {
             return None;
         }
@@ -635,14 +640,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             );
             d.merge(&peeked.decision);
         } else {
+            // The first part's charge taken back by the general path's own refund.
             let refund_first = || {
-                let first_hash = rule_hash(hash, pair.ids[0]);
-                if let (Some(token), Found::Inline { slot, tag, word }) =
-                    (a.token, s.find(first_hash))
-                {
-                    // A slot removed meanwhile holds nothing left to take back.
-                    let _ = refund_inline(&Inline { slot, tag }, word, cost, rule_a, token, now);
-                }
+                let mut tokens = [None; book::MAX_PARTS];
+                tokens[0] = a.token.map(|t| (pair.ids[0], t));
+                self.refund(book, key, hash, cost, &mut tokens, now);
             };
             let Some(b) = apply_inline_part(
                 &second,
@@ -1130,19 +1132,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let plan = book.get(plan)?;
         plan.check_cost(cost)?;
         let mode = plan.mode(mode);
-        if let (Map::Flat(s), Some(inline), Mode::Check, true) =
-            (&self.store, &plan.inline, mode, short)
-        {
-            // A known state of a one-part plan: the short path, as `check` takes it.
-            if let Some(d) = self.charge_inline(s, inline, hash, now, cost) {
-                return Ok(d);
-            }
-        }
-        if let (Map::Flat(s), Some(pair), Mode::Check, true) =
-            (&self.store, &plan.pair, mode, short)
-        {
-            // Known states of a two-part plan: the same semantics as `charge_parts`.
-            if let Some(d) = self.charge_pair(s, pair, hash, now, cost) {
+        if let (Map::Flat(s), Mode::Check, true) = (&self.store, mode, short) {
+            // Known states of a one-part plan (as `check` takes them) or of a two-part one
+            // (the semantics of `charge_parts`): the short paths.
+            let fast = match (&plan.inline, &plan.pair) {
+                (Some(inline), _) => self.charge_inline(s, inline, hash, now, cost),
+                (_, Some(pair)) => self.charge_pair(s, book, key, pair, hash, now, cost),
+                _ => None,
+            };
+            if let Some(d) = fast {
                 return Ok(d);
             }
         }
@@ -1184,9 +1182,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             return;
         }
         // Relaxed: a count that only paces the step.
-        let n = self
-            .new_states
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = self.new_states.fetch_add(1, crate::sync::Ordering::Relaxed);
         if n % self.housekeep_every == self.housekeep_every - 1 {
             self.housekeep();
         }
@@ -1195,15 +1191,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     #[cold]
     fn housekeep(&self) {
         // Acquire/Release: only makes one step run at a time; the sweep synchronises itself.
-        if self
-            .housekeeping
-            .swap(true, std::sync::atomic::Ordering::Acquire)
-        {
+        if self.housekeeping.swap(true, crate::sync::Ordering::Acquire) {
             return;
         }
         self.sweep_once(1);
         self.housekeeping
-            .store(false, std::sync::atomic::Ordering::Release);
+            .store(false, crate::sync::Ordering::Release);
     }
 }
 

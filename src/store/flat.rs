@@ -1193,7 +1193,7 @@ struct Groups {
     huge: Option<(usize, usize, usize)>,
     /// Whether they have been.
     #[cfg(not(tollgate_loom))]
-    advised: std::sync::atomic::AtomicBool,
+    advised: crate::sync::AtomicBool,
 }
 
 // SAFETY: `first` and `passes` point into `_map`, which `Groups` owns and which is `Send` and
@@ -1244,7 +1244,7 @@ impl Groups {
                 passes,
                 len,
                 huge: advice,
-                advised: std::sync::atomic::AtomicBool::new(false),
+                advised: crate::sync::AtomicBool::new(false),
             })
         }
         #[cfg(tollgate_loom)]
@@ -1267,10 +1267,8 @@ impl Groups {
         if let Some((offset, whole, threshold)) = self.huge {
             // Relaxed: the flag only makes the advice happen once; the advice orders nothing.
             if keys >= threshold
-                && !self.advised.load(std::sync::atomic::Ordering::Relaxed)
-                && !self
-                    .advised
-                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                && !self.advised.load(Ordering::Relaxed)
+                && !self.advised.swap(true, Ordering::Relaxed)
             {
                 let _ = self
                     ._map

@@ -1,5 +1,7 @@
 //! A counting global allocator, for measuring bytes per key: the `tollgate` program's, and the
-//! tests' and benches' (which include this file with `#[path]`). Not part of the library.
+//! tests' and benches' (which include this file with `#[path]`). Not part of the library, so it
+//! cannot use the library's `sync` facade; its atomics live in statics, which cannot hold loom's
+//! atomics anyway, and no loom model builds this program.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize as StaticAtomicUsize, Ordering};
