@@ -100,6 +100,7 @@ impl Decision {
 
     /// Folds another part of a compound limit into this one: allowed only if both are, the
     /// smaller `remaining` (and its `limit`), the later reset, the later retry.
+    #[inline]
     pub(crate) fn merge(&mut self, other: &Decision) {
         if other.remaining < self.remaining
             || (other.remaining == self.remaining && other.limit < self.limit)

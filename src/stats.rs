@@ -275,6 +275,21 @@ impl Counters {
         self.tally().add(what, retries);
     }
 
+    /// Takes back one count of `what` that this thread added (a compound charge counted as
+    /// admitted, then denied or failed by a later part).
+    #[inline]
+    pub(crate) fn uncount(&self, what: Count) {
+        let t = self.tally();
+        let c = &t.stripe.counts[what as usize];
+        // Relaxed, as `Tally::add`; the same thread added the count to the same stripe, so it
+        // never goes below zero.
+        if t.owned {
+            c.store(c.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+        } else {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// Where the calling thread counts: its own stripe or the shared one. Looked up apart from
     /// the count, so a check can do it before its compare-and-swap loop (see
     /// `Limiter::check_inline`).

@@ -92,6 +92,35 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         Ok((out.decision, out.retries))
     }
 
+    /// One charge of a one-part plan's known state, with its refund token: `None`, having
+    /// changed nothing, for a key that may be under a penalty or a state not in its slot.
+    #[inline(always)]
+    fn apply_known(
+        &self,
+        s: &FlatStore<K>,
+        plan: &super::book::InlinePlan,
+        hash: u64,
+        now: u64,
+        cost: u64,
+    ) -> Option<Applied> {
+        if self.penalties.maybe(hash) {
+            return None;
+        }
+        let Found::Inline { slot, tag, word } = s.find(rule_hash(hash, plan.id)) else {
+            return None;
+        };
+        let slot = cell::Inline { slot, tag };
+        cell::apply_inline_part(
+            &slot,
+            word,
+            now,
+            cost,
+            &plan.rule,
+            plan.headroom,
+            Mode::Check,
+        )
+    }
+
     /// Every part of `plan` denied by a penalty, when `key` is under one at `now`.
     #[inline(always)]
     fn blocked(&self, key: &K, hash: u64, plan: &Compiled, now: u64) -> Option<Outcome> {
@@ -424,20 +453,80 @@ mod sealed {
 
 /// One part of a compound limit across keys: a [`Bound`] key. Sealed.
 pub trait Part: sealed::Sealed {
-    /// Charges the part: its decision, what a refund needs, and the compare-and-swap retries.
+    /// Charges the part, merges its decision into `merged` (replaces it when `first`), counts
+    /// it in the part's stats, and writes into `undo` what a refund needs (left `None` when
+    /// nothing stays charged): whether the part admitted. The merge and the count happen here,
+    /// where the part's decision is at hand, so no decision crosses the call.
     #[doc(hidden)]
-    fn charge_part(&self, cost: u64) -> Result<(Decision, Option<Undo>, u32), Error>;
+    fn charge_part(
+        &self,
+        cost: u64,
+        merged: &mut Decision,
+        first: bool,
+        undo: &mut Option<Undo>,
+    ) -> Result<bool, Error>;
     #[doc(hidden)]
     fn undo_part(&self, undo: Undo);
-    /// Counts the compound decision in the part's stats, with the part's own retries.
+    /// Counts the compound decision `merged` in the part's stats: in place of the admission
+    /// [`charge_part`](Self::charge_part) counted (`admitted`), or, for a part never charged,
+    /// on its own. `None`: the admission is not counted after all (the call failed).
     #[doc(hidden)]
-    fn record(&self, decision: &Decision, retries: u32);
+    fn recount(&self, admitted: bool, merged: Option<&Decision>);
 }
 
 impl<K, C> sealed::Sealed for Bound<'_, K, C> {}
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, K, C> {
-    fn charge_part(&self, cost: u64) -> Result<(Decision, Option<Undo>, u32), Error> {
+    fn charge_part(
+        &self,
+        cost: u64,
+        merged: &mut Decision,
+        first: bool,
+        undo: &mut Option<Undo>,
+    ) -> Result<bool, Error> {
+        let (d, retries) = self.charge(cost, undo)?;
+        self.limiter.counters.count(Count::of(&d), retries);
+        if first {
+            *merged = d;
+        } else {
+            merged.merge(&d);
+        }
+        Ok(d.allowed)
+    }
+
+    fn undo_part(&self, mut undo: Undo) {
+        let l = self.limiter;
+        if l.resets() != undo.resets {
+            // A reset came between: the state may be a new one, which owes this charge nothing.
+            return;
+        }
+        let now = super::clamp_now(l.clock.now());
+        l.refund(
+            l.book.current(),
+            self.key,
+            undo.hash,
+            undo.cost,
+            &mut undo.tokens,
+            now,
+        );
+    }
+
+    fn recount(&self, admitted: bool, merged: Option<&Decision>) {
+        let counters = &self.limiter.counters;
+        if admitted {
+            counters.uncount(Count::Allowed);
+        }
+        if let Some(d) = merged {
+            counters.count(Count::of(d), 0);
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
+    /// One part's charge of a compound limit across keys: its decision and retries, and into
+    /// `undo` what a refund needs.
+    #[inline(always)]
+    fn charge(&self, cost: u64, undo: &mut Option<Undo>) -> Result<(Decision, u32), Error> {
         let l = self.limiter;
         let book = l.book.current();
         let plan = book.get(self.plan)?;
@@ -445,6 +534,23 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         let now = super::clamp_now(l.clock.now());
         let hash = l.key_hash(self.key);
         let resets = l.resets();
+        if let (Map::Flat(s), Some(inline)) = (&l.store, &plan.inline) {
+            // A known state of a one-part plan (a user's plan, a global limit): its slot, as
+            // `check` finds it.
+            if let Some(a) = l.apply_known(s, inline, hash, now, cost) {
+                if let (true, Some(t)) = (a.decision.allowed, a.token) {
+                    let mut tokens = [None; MAX_PARTS];
+                    tokens[0] = Some((inline.id, t));
+                    *undo = Some(Undo {
+                        hash,
+                        cost,
+                        resets,
+                        tokens,
+                    });
+                }
+                return Ok((a.decision, a.retries));
+            }
+        }
         let charged = match plan.parts.as_slice() {
             // One part (a user's plan, a global limit): its slot, with no outcome to fill.
             [part] if !l.penalties.maybe(hash) => l
@@ -472,49 +578,27 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         };
         match charged {
             Ok((d, tokens, retries)) => {
-                let undo = (d.allowed && tokens.iter().any(Option::is_some)).then_some(Undo {
-                    hash,
-                    cost,
-                    resets,
-                    tokens,
-                });
-                Ok((d, undo, retries))
+                if d.allowed && tokens.iter().any(Option::is_some) {
+                    *undo = Some(Undo {
+                        hash,
+                        cost,
+                        resets,
+                        tokens,
+                    });
+                }
+                Ok((d, retries))
             }
-            Err(Full) => Ok((l.table_full(plan), None, 0)),
+            Err(Full) => Ok((l.table_full(plan), 0)),
         }
-    }
-
-    fn undo_part(&self, mut undo: Undo) {
-        let l = self.limiter;
-        if l.resets() != undo.resets {
-            // A reset came between: the state may be a new one, which owes this charge nothing.
-            return;
-        }
-        let now = super::clamp_now(l.clock.now());
-        l.refund(
-            l.book.current(),
-            self.key,
-            undo.hash,
-            undo.cost,
-            &mut undo.tokens,
-            now,
-        );
-    }
-
-    fn record(&self, d: &Decision, retries: u32) {
-        self.limiter.counters.count(Count::of(d), retries);
     }
 }
-
-/// Parts of a [`check_all`] whose undo records live on the stack.
-const STACK_PARTS: usize = 4;
 
 /// Checks `cost` units against every part (per-user AND global, across limiters and key types),
 /// all or nothing: when any part denies, the parts already charged are refunded, so nothing stays
 /// charged; no part ever admits beyond its own bound. Parts are charged in order, so list the
 /// most likely to deny first. Strategies of the parts' plans do not apply here (hard denial).
 /// Each part is its limiter's (key, rule) states, charged as [`Limiter::check_in`] charges them:
-/// no lock and no allocation for up to four parts on the flat store.
+/// no lock and no allocation on the flat store.
 ///
 /// A refund happens after the charge, so for that instant a concurrent request on the same key
 /// may be denied when it would otherwise pass (never admitted when it should not be).
@@ -533,49 +617,53 @@ const STACK_PARTS: usize = 4;
 /// assert_eq!(admitted, 3); // user 1: 2 of 3; user 2: 1 of 2, the global limit is spent
 /// ```
 pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
-    // Each part's undo record and retries.
-    let mut stack: [(Option<Undo>, u32); STACK_PARTS] = [(None, 0); STACK_PARTS];
-    let mut heap: Vec<(Option<Undo>, u32)> = Vec::new();
-    let undos: &mut [(Option<Undo>, u32)] = if parts.len() <= STACK_PARTS {
-        &mut stack[..parts.len()]
-    } else {
-        heap.resize(parts.len(), (None, 0));
-        &mut heap
+    let mut merged = Decision::denied(Reason::Limited, 0);
+    charge_from(parts, cost, &mut merged, true)?;
+    Ok(merged)
+}
+
+/// [`check_all`] from `parts[0]` on, merging into `merged`: the part charged (and counted),
+/// then the rest (only while it admits), then the part refunded when they deny or fail. Each
+/// part's undo record lives in its own frame: no array to fill and no allocation, for any number
+/// of parts. Whether every part admitted.
+fn charge_from(
+    parts: &[&dyn Part],
+    cost: u64,
+    merged: &mut Decision,
+    first: bool,
+) -> Result<bool, Error> {
+    let Some((part, rest)) = parts.split_first() else {
+        return Ok(true);
     };
-    let mut merged: Option<Decision> = None;
-    let mut result = Ok(());
-    for (part, undo) in parts.iter().zip(undos.iter_mut()) {
-        match part.charge_part(cost) {
-            Ok((d, u, retries)) => {
-                *undo = (u, retries);
-                let denied = !d.allowed;
-                match &mut merged {
-                    Some(m) => m.merge(&d),
-                    None => merged = Some(d),
-                }
-                if denied {
-                    break;
-                }
-            }
-            Err(e) => {
-                result = Err(e);
-                break;
-            }
+    let mut undo = None;
+    if !part.charge_part(cost, merged, first, &mut undo)? {
+        // This part denied: it counted the denial; the parts after it, never charged, count
+        // it too.
+        for p in rest {
+            p.recount(false, Some(merged));
         }
+        return Ok(false);
     }
-    let d = merged.unwrap_or_else(|| Decision::denied(Reason::Limited, 0));
-    if !d.allowed || result.is_err() {
-        for (part, (undo, _)) in parts.iter().zip(undos.iter_mut()) {
-            if let Some(u) = undo.take() {
+    // Each outcome is answered anew rather than passed on, so the common one (every part
+    // admitted) moves no error-sized value between frames.
+    match charge_from(rest, cost, merged, false) {
+        Ok(true) => Ok(true),
+        Ok(false) => {
+            // A later part denied: this admission is taken back, in the state and the stats.
+            if let Some(u) = undo {
                 part.undo_part(u);
             }
+            part.recount(true, Some(merged));
+            Ok(false)
+        }
+        Err(e) => {
+            if let Some(u) = undo {
+                part.undo_part(u);
+            }
+            part.recount(true, None);
+            Err(e)
         }
     }
-    result?;
-    for (part, &(_, retries)) in parts.iter().zip(undos.iter()) {
-        part.record(&d, retries);
-    }
-    Ok(d)
 }
 
 /// One charge with every part's decision: what [`Limiter::charge_detailed`] returns.

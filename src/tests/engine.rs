@@ -524,7 +524,8 @@ fn compound_refund_skips_a_recreated_entry() {
     let clock = FakeClock::new();
     let per_user = limiter::<u64>(Quota::per_second(2), &clock);
     let bound = per_user.key(&1);
-    let (d, undo, _) = bound.charge_part(1).unwrap();
+    let (mut undo, mut d) = (None, crate::Decision::denied(crate::Reason::Limited, 0));
+    assert!(bound.charge_part(1, &mut d, true, &mut undo).unwrap());
     assert!(d.is_allowed());
     assert!(per_user.reset(&1)); // e.g. LoginGuard::succeeded between charge and refund
     assert_eq!(per_user.check(&1).remaining(), 1); // the new incarnation
