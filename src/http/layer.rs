@@ -155,7 +155,8 @@ struct CompiledRule {
 struct Core<C: Clock> {
     limiter: Arc<Limiter<HttpKey, C>>,
     config: HttpConfig,
-    plans: HashMap<PlanId, PlanInfo>,
+    /// By plan id (`PlanId.0`): each configured plan.
+    plans: Vec<Option<PlanInfo>>,
     default_plan: PlanId,
     api_key_plans: HashMap<String, PlanId>,
     rules: Vec<CompiledRule>,
@@ -190,14 +191,14 @@ struct Core<C: Clock> {
 /// ```
 pub struct RateLimitLayer<C: Clock = MonotonicClock> {
     core: Arc<Core<C>>,
-    hooks: Hooks,
+    hooks: Arc<Hooks>,
 }
 
 impl<C: Clock> Clone for RateLimitLayer<C> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             core: Arc::clone(&self.core),
-            hooks: self.hooks.clone(),
+            hooks: Arc::clone(&self.hooks),
         }
     }
 }
@@ -234,15 +235,16 @@ impl<C: Clock> RateLimitLayer<C> {
                 .plan(name)
                 .ok_or_else(|| Error::UnknownPlan(name.to_string()))
         };
-        let mut plans = HashMap::new();
+        let mut plans: Vec<Option<PlanInfo>> = Vec::new();
         for (name, plan) in &config.plans {
-            plans.insert(
-                id(name)?,
-                PlanInfo {
-                    quotas: plan.quotas().to_vec(),
-                    policy: Arc::new(Policy::new(name, plan.quotas())),
-                },
-            );
+            let at = id(name)?.0 as usize;
+            if plans.len() <= at {
+                plans.resize_with(at + 1, || None);
+            }
+            plans[at] = Some(PlanInfo {
+                quotas: plan.quotas().to_vec(),
+                policy: Arc::new(Policy::new(name, plan.quotas())),
+            });
         }
         let default_plan = match &config.default_plan {
             Some(name) => id(name)?,
@@ -267,7 +269,7 @@ impl<C: Clock> RateLimitLayer<C> {
             let plan = id(&r.plan)?;
             let mut policies = HashMap::new();
             for p in tiers.values().copied().chain([plan]) {
-                let quotas = plans.get(&p).map_or(&[][..], |i: &PlanInfo| &i.quotas[..]);
+                let quotas = plan_info(&plans, p).map_or(&[][..], |i| &i.quotas[..]);
                 policies.insert(p, Arc::new(Policy::new(&r.name, quotas)));
             }
             rules.push(CompiledRule {
@@ -302,7 +304,7 @@ impl<C: Clock> RateLimitLayer<C> {
                 counters: HttpCounters::default(),
                 _sweeper: sweeper,
             }),
-            hooks: Hooks::default(),
+            hooks: Arc::default(),
         })
     }
 
@@ -330,7 +332,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&http::request::Parts, &ClientKey) -> PlanFuture + Send + Sync + 'static,
     {
-        self.hooks.resolver = Some(Arc::new(resolve));
+        Arc::make_mut(&mut self.hooks).resolver = Some(Arc::new(resolve));
         self
     }
 
@@ -340,7 +342,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
     {
-        self.hooks.user = Some(Arc::new(extract));
+        Arc::make_mut(&mut self.hooks).user = Some(Arc::new(extract));
         self
     }
 
@@ -374,7 +376,7 @@ impl<C: Clock> RateLimitLayer<C> {
             + Sync
             + 'static,
     {
-        self.hooks.key = Some(Arc::new(extract));
+        Arc::make_mut(&mut self.hooks).key = Some(Arc::new(extract));
         self
     }
 
@@ -401,7 +403,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&Denied<'_>) -> Response<Full<Bytes>> + Send + Sync + 'static,
     {
-        self.hooks.denied = Some(Arc::new(respond));
+        Arc::make_mut(&mut self.hooks).denied = Some(Arc::new(respond));
         self
     }
 
@@ -425,7 +427,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&http::request::Parts) -> u64 + Send + Sync + 'static,
     {
-        self.hooks.cost = Some(Arc::new(cost));
+        Arc::make_mut(&mut self.hooks).cost = Some(Arc::new(cost));
         self
     }
 
@@ -445,7 +447,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,
     {
-        self.hooks.refund = Some(Arc::new(refund));
+        Arc::make_mut(&mut self.hooks).refund = Some(Arc::new(refund));
         self
     }
 
@@ -713,6 +715,16 @@ impl<C: Clock> RateLimitLayer<C> {
         }
     }
 
+    /// Whether [`finish`](Self::finish) has anything to do for `passed`.
+    fn finishes(&self, passed: &Passed) -> bool {
+        self.core.config.headers != HeaderStyle::None
+            || self.hooks.refund.is_some()
+            || passed
+                .checks
+                .iter()
+                .any(|c| c.detailed.decision.reason() == Reason::SoftLimit)
+    }
+
     /// After the inner service answered a passed request: the refund, then the headers.
     fn finish<B>(&self, resp: &mut Response<B>, passed: &mut Passed) {
         if self.hooks.refund.as_ref().is_some_and(|f| f(resp.status())) {
@@ -734,7 +746,7 @@ impl<C: Clock> RateLimitLayer<C> {
         let method = parts.method.as_str();
         let path = parts.uri.path();
         let mut checks = Checks::new();
-        let own = core.plans.get(&plan).map(|p| Arc::clone(&p.policy));
+        let own = plan_info(&core.plans, plan).map(|p| Arc::clone(&p.policy));
         let own_key = HttpKey {
             rule: None,
             // The only limit (no rules): the key moves in; a denial gets it back from there.
@@ -804,11 +816,11 @@ impl<C: Clock> RateLimitLayer<C> {
             return;
         }
         // One growth of the map at most, instead of one per header.
-        headers.reserve(match style {
-            HeaderStyle::Both => 5,
-            HeaderStyle::Github => 3,
-            _ => 2,
-        });
+        match style {
+            HeaderStyle::Both => headers.reserve(5),
+            HeaderStyle::Github | HeaderStyle::Ietf => headers.reserve(3),
+            HeaderStyle::None => {}
+        }
         let now = checks[0].detailed.now;
         let epoch = self.core.limiter.clock().unix_epoch_ns();
         if style.github() {
@@ -844,8 +856,7 @@ impl<C: Clock> RateLimitLayer<C> {
             let mut state = String::with_capacity(32 * checks.len());
             for c in checks {
                 let Some(policy) = &c.policy else { continue };
-                for (name, d) in policy.names.iter().zip(c.detailed.parts.iter()) {
-                    let Some(d) = d else { continue };
+                for (name, d) in policy.names.iter().zip(c.detailed.parts()) {
                     if !state.is_empty() {
                         state.push_str(", ");
                     }
@@ -889,17 +900,13 @@ impl<C: Clock> RateLimitLayer<C> {
             Reason::Blocked => "You are temporarily blocked".to_string(),
             Reason::TableFull => "Too many clients are being tracked; try again later".to_string(),
             _ => {
-                let quotas = self
-                    .core
-                    .plans
-                    .get(&c.plan)
-                    .map_or(&[][..], |p| &p.quotas[..]);
+                let quotas = plan_info(&self.core.plans, c.plan).map_or(&[][..], |p| &p.quotas[..]);
                 // The part that denied (the first one not allowed).
                 let q = quotas
                     .iter()
-                    .zip(c.detailed.parts.iter())
-                    .find(|(_, d)| d.is_some_and(|d| !d.is_allowed()))
-                    .or_else(|| quotas.iter().zip(c.detailed.parts.iter()).next())
+                    .zip(c.detailed.parts())
+                    .find(|(_, d)| !d.is_allowed())
+                    .or_else(|| quotas.iter().zip(c.detailed.parts()).next())
                     .map(|(q, _)| *q);
                 match q {
                     Some(q) => format!(
@@ -959,6 +966,11 @@ impl<C: Clock> RateLimitLayer<C> {
         resp.headers_mut().extend(ours);
         resp
     }
+}
+
+/// The layer's view of plan `id`.
+fn plan_info(plans: &[Option<PlanInfo>], id: PlanId) -> Option<&PlanInfo> {
+    plans.get(id.0 as usize).and_then(Option::as_ref)
 }
 
 /// One limit charged for a request.
@@ -1056,11 +1068,7 @@ fn undo_all<C: Clock>(limiter: &Limiter<HttpKey, C>, checks: &mut [Check]) {
 fn refund_all<C: Clock>(limiter: &Limiter<HttpKey, C>, checks: &mut [Check], cost: u64) {
     undo_all(limiter, checks);
     for c in checks {
-        for d in c.detailed.parts.iter_mut().flatten() {
-            d.remaining = d.remaining.saturating_add(cost).min(d.limit);
-        }
-        let d = &mut c.detailed.decision;
-        d.remaining = d.remaining.saturating_add(cost).min(d.limit);
+        c.detailed.refunded(cost);
     }
 }
 
@@ -1184,10 +1192,14 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The clone that was driven to readiness serves this request; the fresh clone waits for
-        // the next `poll_ready` (the usual tower pattern).
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        // The inner service is called here, while it is ready, on every path but the boxed
+        // ones; those take the ready service along and leave a clone for the next
+        // `poll_ready` (the usual tower pattern).
+        let taken = |inner: &mut S| {
+            let clone = inner.clone();
+            std::mem::replace(inner, clone)
+        };
+        let inner = &mut self.inner;
         let layer = &self.layer;
         let (parts, body) = req.into_parts();
         let (client, cost) = match layer.front(&parts) {
@@ -1201,6 +1213,7 @@ where
             // An async plan lookup: the rest runs in a boxed future of its own.
             let resolving = resolve(&parts, &client);
             let layer = layer.clone();
+            let inner = taken(inner);
             return ResponseFuture::boxed(async move {
                 let name = resolving.await;
                 let found = layer.plan_named(&parts, client, name);
@@ -1220,9 +1233,11 @@ where
         if passed.delay > 0 {
             // The queue strategy: held until the reservation's moment.
             let layer = layer.clone();
-            return ResponseFuture::boxed(forward_after(layer, inner, req, passed));
+            return ResponseFuture::boxed(forward_after(layer, taken(inner), req, passed));
         }
-        ResponseFuture::forward(inner.call(req), Some((self.layer.clone(), passed)))
+        // Nothing to add to the response (no headers, no refund): nothing rides along.
+        let after = layer.finishes(&passed).then(|| (layer.clone(), passed));
+        ResponseFuture::forward(inner.call(req), after)
     }
 }
 

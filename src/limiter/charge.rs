@@ -672,12 +672,52 @@ fn charge_from(
 pub(crate) struct Detailed {
     /// The merged decision, with the plan's strategy applied (as [`Limiter::check_in`] answers).
     pub(crate) decision: Decision,
-    /// Each part's own decision, in the plan's quota order; `None` past the plan's parts.
-    pub(crate) parts: [Option<Decision>; MAX_PARTS],
+    /// Each part's own decision, in the plan's quota order, for a plan of several parts
+    /// (`None` past its parts); a one-part plan's part is `decision` itself (see
+    /// [`parts`](Self::parts)). Boxed: the common one-part charge stays small to move.
+    more: Option<Box<[Option<Decision>; MAX_PARTS]>>,
     /// What it takes to refund the charge (only when it was admitted and charged something).
     pub(crate) undo: Option<Undo>,
     /// The clock reading the decision was made at (ns since the clock's epoch).
     pub(crate) now: u64,
+}
+
+#[cfg(feature = "http")]
+impl Detailed {
+    fn new(
+        decision: Decision,
+        parts: &[Option<Decision>; MAX_PARTS],
+        undo: Option<Undo>,
+        now: u64,
+    ) -> Self {
+        let more = parts[1].is_some().then(|| Box::new(*parts));
+        Detailed {
+            decision,
+            more,
+            undo,
+            now,
+        }
+    }
+
+    /// Each part's decision, in the plan's quota order. A one-part plan's is the merged
+    /// decision: a soft strategy changes only its `allowed` and `reason`.
+    pub(crate) fn parts(&self) -> impl Iterator<Item = &Decision> {
+        let (one, more) = match &self.more {
+            Some(parts) => (None, &parts[..]),
+            None => (Some(&self.decision), &[][..]),
+        };
+        one.into_iter().chain(more.iter().flatten())
+    }
+
+    /// After a refund of `cost`: every decision reports what its limit holds without the
+    /// charge.
+    pub(crate) fn refunded(&mut self, cost: u64) {
+        let back = |d: &mut Decision| d.remaining = d.remaining.saturating_add(cost).min(d.limit);
+        for d in self.more.iter_mut().flat_map(|p| p.iter_mut().flatten()) {
+            back(d);
+        }
+        back(&mut self.decision);
+    }
 }
 
 #[cfg(feature = "http")]
@@ -699,6 +739,32 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let now = super::clamp_now(self.clock.now());
         let hash = self.key_hash(key);
         let resets = self.resets();
+        if let (Map::Flat(s), Some(inline), Mode::Check) = (&self.store, &plan.inline, mode) {
+            // A known state of a one-part plan: its slot, as `check` finds it.
+            if let Some(a) = self.apply_known(s, inline, hash, now, cost) {
+                let mut d = a.decision;
+                self.settle(plan, &mut d, a.retries, mode);
+                let undo = match (d.allowed, a.token) {
+                    (true, Some(t)) => {
+                        let mut tokens = [None; MAX_PARTS];
+                        tokens[0] = Some((inline.id, t));
+                        Some(Undo {
+                            hash,
+                            cost,
+                            resets,
+                            tokens,
+                        })
+                    }
+                    _ => None,
+                };
+                return Ok(Detailed {
+                    decision: d,
+                    more: None,
+                    undo,
+                    now,
+                });
+            }
+        }
         let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
         let out = match self.charge_parts(book, key, hash, plan, now, cost, mode, &mut out) {
             Ok(()) => out,
@@ -721,11 +787,6 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             resets,
             tokens: out.tokens,
         });
-        Ok(Detailed {
-            decision: d,
-            parts: out.parts,
-            undo,
-            now,
-        })
+        Ok(Detailed::new(d, &out.parts, undo, now))
     }
 }
