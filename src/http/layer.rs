@@ -89,7 +89,7 @@ pub struct Denied<'a> {
 struct PlanInfo {
     quotas: Vec<Quota>,
     /// The plan as a client's own limit (labelled with the plan's name).
-    policy: Arc<Policy>,
+    policy: Policy,
 }
 
 /// The IETF policy items of one limit (a plan under a label), formatted once at construction.
@@ -148,7 +148,7 @@ struct CompiledRule {
     /// Client plan → this rule's plan for that client.
     tiers: HashMap<PlanId, PlanId>,
     /// This rule's policy under each plan it can use.
-    policies: HashMap<PlanId, Arc<Policy>>,
+    policies: HashMap<PlanId, Policy>,
 }
 
 /// What the layer shares between clones.
@@ -243,7 +243,7 @@ impl<C: Clock> RateLimitLayer<C> {
             }
             plans[at] = Some(PlanInfo {
                 quotas: plan.quotas().to_vec(),
-                policy: Arc::new(Policy::new(name, plan.quotas())),
+                policy: Policy::new(name, plan.quotas()),
             });
         }
         let default_plan = match &config.default_plan {
@@ -270,7 +270,7 @@ impl<C: Clock> RateLimitLayer<C> {
             let mut policies = HashMap::new();
             for p in tiers.values().copied().chain([plan]) {
                 let quotas = plan_info(&plans, p).map_or(&[][..], |i| &i.quotas[..]);
-                policies.insert(p, Arc::new(Policy::new(&r.name, quotas)));
+                policies.insert(p, Policy::new(&r.name, quotas));
             }
             rules.push(CompiledRule {
                 rule: r.clone(),
@@ -746,7 +746,6 @@ impl<C: Clock> RateLimitLayer<C> {
         let method = parts.method.as_str();
         let path = parts.uri.path();
         let mut checks = Checks::new();
-        let own = plan_info(&core.plans, plan).map(|p| Arc::clone(&p.policy));
         let own_key = HttpKey {
             rule: None,
             // The only limit (no rules): the key moves in; a denial gets it back from there.
@@ -769,10 +768,10 @@ impl<C: Clock> RateLimitLayer<C> {
                 },
             };
             let rule_plan = r.tiers.get(&plan).copied().unwrap_or(r.plan);
-            Some((key, rule_plan, r.policies.get(&rule_plan).cloned()))
+            Some((key, rule_plan))
         });
         let mut denied = None;
-        for (key, plan, policy) in std::iter::once((own_key, plan, own)).chain(rules) {
+        for (key, plan) in std::iter::once((own_key, plan)).chain(rules) {
             // After a denial the remaining limits are only peeked, so the headers still list
             // every policy that applies (as the engine does for the parts of a compound plan).
             let mode = if denied.is_some() {
@@ -786,7 +785,6 @@ impl<C: Clock> RateLimitLayer<C> {
                     checks.push(Check {
                         key,
                         plan,
-                        policy,
                         detailed: d,
                     });
                     if denies {
@@ -807,6 +805,16 @@ impl<C: Clock> RateLimitLayer<C> {
             return Verdict::Deny { checks, at, client };
         }
         Verdict::Pass { checks }
+    }
+
+    /// The policy a check is described by: its plan's, or its rule's under that plan. `None`
+    /// only if the plan vanished from the tables (never: the layer adds no plans).
+    fn policy(&self, c: &Check) -> Option<&Policy> {
+        let core = &self.core;
+        match c.key.rule {
+            None => plan_info(&core.plans, c.plan).map(|p| &p.policy),
+            Some(i) => core.rules[usize::from(i)].policies.get(&c.plan),
+        }
     }
 
     /// Adds the configured headers for `checks` to `headers`.
@@ -838,10 +846,10 @@ impl<C: Clock> RateLimitLayer<C> {
         }
         if style.ietf() {
             let policy = match checks {
-                [one] => one.policy.as_ref().and_then(|p| p.header.clone()),
+                [one] => self.policy(one).and_then(|p| p.header.clone()),
                 _ => {
                     let mut items = String::new();
-                    for p in checks.iter().filter_map(|c| c.policy.as_ref()) {
+                    for p in checks.iter().filter_map(|c| self.policy(c)) {
                         if !items.is_empty() {
                             items.push_str(", ");
                         }
@@ -855,7 +863,9 @@ impl<C: Clock> RateLimitLayer<C> {
             }
             let mut state = String::with_capacity(32 * checks.len());
             for c in checks {
-                let Some(policy) = &c.policy else { continue };
+                let Some(policy) = self.policy(c) else {
+                    continue;
+                };
                 for (name, d) in policy.names.iter().zip(c.detailed.parts()) {
                     if !state.is_empty() {
                         state.push_str(", ");
@@ -926,7 +936,7 @@ impl<C: Clock> RateLimitLayer<C> {
         );
         self.write_headers(&mut ours, checks);
         if let Some(respond) = &self.hooks.denied {
-            let label = c.policy.as_ref().map_or("", |p| p.label.as_str());
+            let label = self.policy(c).map_or("", |p| p.label.as_str());
             let mut resp = respond(&Denied {
                 request: parts,
                 client,
@@ -977,8 +987,6 @@ fn plan_info(plans: &[Option<PlanInfo>], id: PlanId) -> Option<&PlanInfo> {
 struct Check {
     key: HttpKey,
     plan: PlanId,
-    /// `None` only if the plan vanished from the tables (never, as the layer adds no plans).
-    policy: Option<Arc<Policy>>,
     detailed: Detailed,
 }
 
@@ -998,7 +1006,7 @@ enum Verdict {
 /// in a `Vec`.
 enum Checks {
     None,
-    One(Box<Check>),
+    One(Check),
     Many(Vec<Check>),
 }
 
@@ -1009,8 +1017,8 @@ impl Checks {
 
     fn push(&mut self, c: Check) {
         *self = match std::mem::replace(self, Checks::None) {
-            Checks::None => Checks::One(Box::new(c)),
-            Checks::One(first) => Checks::Many(vec![*first, c]),
+            Checks::None => Checks::One(c),
+            Checks::One(first) => Checks::Many(vec![first, c]),
             Checks::Many(mut v) => {
                 v.push(c);
                 Checks::Many(v)
@@ -1236,7 +1244,9 @@ where
             return ResponseFuture::boxed(forward_after(layer, taken(inner), req, passed));
         }
         // Nothing to add to the response (no headers, no refund): nothing rides along.
-        let after = layer.finishes(&passed).then(|| (layer.clone(), passed));
+        let after = layer
+            .finishes(&passed)
+            .then(|| Box::new((layer.clone(), passed)));
         ResponseFuture::forward(inner.call(req), after)
     }
 }
@@ -1280,7 +1290,7 @@ pin_project_lite::pin_project! {
         Forward {
             #[pin]
             inner: F,
-            after: Option<(RateLimitLayer<C>, Passed)>,
+            after: Option<Box<(RateLimitLayer<C>, Passed)>>,
         },
         // The layer answers itself (a 429, a 400, a gRPC status).
         Answer { response: Option<Response<Full<Bytes>>> },
@@ -1297,7 +1307,7 @@ impl<F, B, E, C: Clock> ResponseFuture<F, B, E, C> {
             },
         }
     }
-    fn forward(inner: F, after: Option<(RateLimitLayer<C>, Passed)>) -> Self {
+    fn forward(inner: F, after: Option<Box<(RateLimitLayer<C>, Passed)>>) -> Self {
         ResponseFuture {
             state: State::Forward { inner, after },
         }
@@ -1324,7 +1334,8 @@ where
         match self.project().state.project() {
             Projected::Forward { inner, after } => {
                 let mut resp = std::task::ready!(inner.poll(cx))?;
-                if let Some((layer, mut passed)) = after.take() {
+                if let Some(after) = after.take() {
+                    let (layer, mut passed) = *after;
                     layer.finish(&mut resp, &mut passed);
                 }
                 Poll::Ready(Ok(resp.map(Either::Left)))
