@@ -44,6 +44,6 @@ pub use limiter::{
 };
 pub use plan::PlanConfig;
 pub use quota::{Algorithm, Quota};
-pub use stats::Stats;
+pub use stats::{PlanStats, RuleStats, Stats};
 pub use store::{OnFull, StoreKind};
 pub use sweep::Sweeper;

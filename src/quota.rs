@@ -265,3 +265,37 @@ pub(crate) struct Rule {
     /// `unix_epoch_ns % period`: window `w` is `floor((now + phase) / period)`, aligned to Unix time.
     pub(crate) phase: u64,
 }
+
+impl Rule {
+    /// The rule in words, as statistics label it: `token_bucket 100/1m burst 20`,
+    /// `fixed_window 10/1s`.
+    pub(crate) fn describe(&self) -> String {
+        let mut out = format!(
+            "{} {}/{}",
+            self.algorithm.name(),
+            self.limit,
+            period_text(self.period)
+        );
+        if self.capacity != self.limit {
+            out.push_str(&format!(" burst {}", self.capacity));
+        }
+        out
+    }
+}
+
+/// A period in the largest whole unit: `1h`, `90s`, `250ms`, `7ns`.
+fn period_text(ns: u64) -> String {
+    const UNITS: [(u64, &str); 5] = [
+        (3_600_000_000_000, "h"),
+        (60_000_000_000, "m"),
+        (1_000_000_000, "s"),
+        (1_000_000, "ms"),
+        (1_000, "us"),
+    ];
+    for (unit, name) in UNITS {
+        if ns >= unit && ns % unit == 0 {
+            return format!("{}{name}", ns / unit);
+        }
+    }
+    format!("{ns}ns")
+}

@@ -8,6 +8,8 @@
 //! index (and with it its stripes) passes to the next thread started after it exited (after its
 //! thread-local destructors ran).
 
+use std::sync::Arc;
+
 use crossbeam_utils::CachePadded;
 
 use crate::sync::{AtomicU64, Ordering, StaticMutex};
@@ -45,26 +47,138 @@ impl Stats {
     /// again never counts twice) and the gauge `tollgate_keys`. The same names as the HTTP
     /// layer's Prometheus text.
     pub fn publish(&self, name: &str) {
-        let limiter = name.to_string();
+        publish::totals(&publish::limiter(name), self);
+    }
+}
+
+/// Publishing through the `metrics` facade: one place for every name, used by
+/// [`Stats::publish`], `Limiter::publish_metrics` and the HTTP layer (whose `/metrics` text is
+/// these same calls rendered by metrics-exporter-prometheus).
+#[cfg(feature = "metrics")]
+pub(crate) mod publish {
+    use metrics::{Label, counter, describe_counter, describe_gauge, gauge};
+
+    use super::{PlanStats, RuleStats, Stats};
+
+    /// The labels of limiter `name`.
+    pub(crate) fn limiter(name: &str) -> Vec<Label> {
+        vec![Label::new("limiter", name.to_string())]
+    }
+
+    /// `base` and more.
+    fn with(base: &[Label], more: &[(&'static str, &str)]) -> Vec<Label> {
+        let mut labels = base.to_vec();
+        labels.extend(more.iter().map(|(k, v)| Label::new(*k, v.to_string())));
+        labels
+    }
+
+    /// The descriptions (`# HELP` lines) of every name published here.
+    pub(crate) fn describe() {
+        describe_counter!(
+            "tollgate_decisions_total",
+            "Limiter decisions by outcome (one per limit checked)."
+        );
+        describe_gauge!("tollgate_keys", "States tracked now, one per (key, rule).");
+        describe_counter!(
+            "tollgate_evictions_total",
+            "Fresh states evicted to make room."
+        );
+        describe_counter!("tollgate_sweeps_total", "Sweep steps run.");
+        describe_counter!("tollgate_swept_keys_total", "States removed by sweeping.");
+        describe_counter!(
+            "tollgate_cas_retries_total",
+            "Compare-and-swap attempts lost to another thread."
+        );
+        describe_counter!(
+            "tollgate_plan_decisions_total",
+            "Decisions under each plan, by outcome."
+        );
+        describe_gauge!("tollgate_rule_keys", "States of each rule held now.");
+        describe_counter!(
+            "tollgate_rule_evictions_total",
+            "States of each rule evicted to make room."
+        );
+    }
+
+    /// The limiter's totals.
+    pub(crate) fn totals(base: &[Label], st: &Stats) {
         for (outcome, v) in [
-            ("allowed", self.allowed),
-            ("denied", self.denied),
-            ("soft_passed", self.soft_passed),
-            ("table_full", self.table_full),
+            ("allowed", st.allowed),
+            ("denied", st.denied),
+            ("soft_passed", st.soft_passed),
+            ("table_full", st.table_full),
         ] {
-            metrics::counter!("tollgate_decisions_total", "limiter" => limiter.clone(), "outcome" => outcome)
-                .absolute(v);
+            counter!(
+                "tollgate_decisions_total",
+                with(base, &[("outcome", outcome)])
+            )
+            .absolute(v);
         }
         for (metric, v) in [
-            ("tollgate_evictions_total", self.evictions),
-            ("tollgate_sweeps_total", self.sweeps),
-            ("tollgate_swept_keys_total", self.swept),
-            ("tollgate_cas_retries_total", self.cas_retries),
+            ("tollgate_evictions_total", st.evictions),
+            ("tollgate_sweeps_total", st.sweeps),
+            ("tollgate_swept_keys_total", st.swept),
+            ("tollgate_cas_retries_total", st.cas_retries),
         ] {
-            metrics::counter!(metric, "limiter" => limiter.clone()).absolute(v);
+            counter!(metric, base.to_vec()).absolute(v);
         }
-        metrics::gauge!("tollgate_keys", "limiter" => limiter).set(self.keys as f64);
+        gauge!("tollgate_keys", base.to_vec()).set(st.keys as f64);
     }
+
+    /// Each plan's decisions (label `plan`) and each rule's states and evictions (label
+    /// `rule`, the rule in words).
+    pub(crate) fn breakdown(base: &[Label], plans: &[PlanStats], rules: &[RuleStats]) {
+        for p in plans {
+            for (outcome, v) in [
+                ("allowed", p.allowed),
+                ("denied", p.denied),
+                ("soft_passed", p.soft_passed),
+                ("table_full", p.table_full),
+            ] {
+                let labels = with(base, &[("plan", &p.plan), ("outcome", outcome)]);
+                counter!("tollgate_plan_decisions_total", labels).absolute(v);
+            }
+        }
+        for r in rules {
+            let labels = with(base, &[("rule", &r.rule)]);
+            gauge!("tollgate_rule_keys", labels.clone()).set(r.keys as f64);
+            counter!("tollgate_rule_evictions_total", labels).absolute(r.evictions);
+        }
+    }
+}
+
+/// One plan's decisions so far ([`Limiter::plan_stats`](crate::Limiter::plan_stats)): exact
+/// per plan, and together the decision counts of [`Stats`]. A plan replaced by
+/// [`set_plan`](crate::Limiter::set_plan) keeps counting under its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PlanStats {
+    /// The plan's name (`"default"` for the quota of [`Builder::quota`](crate::Builder::quota)).
+    pub plan: String,
+    /// Requests admitted under the plan.
+    pub allowed: u64,
+    /// Requests denied under the plan (over quota, blocked, or a full table).
+    pub denied: u64,
+    /// Requests over quota let through by the plan's soft strategy.
+    pub soft_passed: u64,
+    /// Denials of new states under the plan because the table was at `max_keys`.
+    pub table_full: u64,
+}
+
+/// One rule's states ([`Limiter::rule_stats`](crate::Limiter::rule_stats)): a rule is one
+/// quota (algorithm, limit, period, burst), whichever plans list it; each key it is checked
+/// for holds one state of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuleStats {
+    /// The rule in words: `token_bucket 100/1m burst 20`.
+    pub rule: String,
+    /// The plans that list it now, as `plan.part` (`pro.0`), in plan order.
+    pub plans: Vec<String>,
+    /// States of the rule held now.
+    pub keys: u64,
+    /// States of the rule evicted (only ever fresh ones) to make room for new ones.
+    pub evictions: u64,
 }
 
 /// Counters a thread bumps on the hot path.
@@ -130,11 +244,27 @@ impl Tally<'_> {
     }
 }
 
+/// One plan's decision counts, striped (see the module docs): the stripes then the shared
+/// stripe, last. Shared by every book that has the plan, so a plan change keeps its counts.
+#[derive(Clone)]
+pub(crate) struct Counts(Arc<[CachePadded<Stripe>]>);
+
+impl std::fmt::Debug for Counts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut st = Stats::default();
+        self.add_to(&mut st);
+        f.debug_struct("Counts")
+            .field("allowed", &st.allowed)
+            .field("denied", &st.denied)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a limiter counts outside its plans: evictions (in all and by rule) and sweeps.
 pub(crate) struct Counters {
-    stripes: Box<[CachePadded<Stripe>]>,
-    /// Where threads count whose stripe another thread owns (with `fetch_add`).
-    shared: CachePadded<Stripe>,
     evictions: AtomicU64,
+    /// Evictions by the evicted state's rule id (a limiter has at most 256 rules in its life).
+    evictions_by_rule: Box<[AtomicU64]>,
     sweeps: AtomicU64,
     swept: AtomicU64,
 }
@@ -246,28 +376,13 @@ impl Drop for GiveBack {
     }
 }
 
-impl Counters {
+impl Counts {
     pub(crate) fn new() -> Self {
-        Counters {
-            stripes: (0..stripe_count())
+        Counts(
+            (0..=stripe_count())
                 .map(|_| CachePadded::new(Stripe::default()))
                 .collect(),
-            shared: CachePadded::new(Stripe::default()),
-            evictions: AtomicU64::new(0),
-            sweeps: AtomicU64::new(0),
-            swept: AtomicU64::new(0),
-        }
-    }
-
-    /// The calling thread's own stripe, if it has one: the stripe at its index, which no other
-    /// live thread holds. Under loom every model thread shares one OS thread's index, so models
-    /// always take the shared stripe.
-    #[inline(always)]
-    fn own_stripe(&self) -> Option<&Stripe> {
-        if cfg!(tollgate_loom) {
-            return None;
-        }
-        self.stripes.get(stripe_index()).map(|s| &**s)
+        )
     }
 
     #[inline(always)]
@@ -290,38 +405,45 @@ impl Counters {
         }
     }
 
-    /// Where the calling thread counts: its own stripe or the shared one. Looked up apart from
-    /// the count, so a check can do it before its compare-and-swap loop (see
-    /// `Limiter::check_inline`).
+    /// Where the calling thread counts: its own stripe (the one at its index, which no other
+    /// live thread holds) or the shared one. Looked up apart from the count, so a check can do
+    /// it before its compare-and-swap loop (see `Limiter::check_inline`). Under loom every
+    /// model thread shares one OS thread's index, so models always take the shared stripe.
     #[inline(always)]
     pub(crate) fn tally(&self) -> Tally<'_> {
-        match self.own_stripe() {
-            Some(stripe) => Tally {
-                stripe,
+        let stripes = &self.0;
+        let shared = stripes.len() - 1;
+        let i = stripe_index();
+        if i < shared && !cfg!(tollgate_loom) {
+            Tally {
+                stripe: &stripes[i],
                 owned: true,
-            },
-            None => Tally {
-                stripe: &self.shared,
+            }
+        } else {
+            Tally {
+                stripe: &stripes[shared],
                 owned: false,
-            },
+            }
         }
     }
 
-    pub(crate) fn evicted(&self) {
-        self.evictions.fetch_add(1, Ordering::Relaxed);
+    /// The plan called `plan`'s decisions.
+    pub(crate) fn plan_stats(&self, plan: &str) -> PlanStats {
+        let mut st = Stats::default();
+        self.add_to(&mut st);
+        PlanStats {
+            plan: plan.to_string(),
+            allowed: st.allowed,
+            denied: st.denied,
+            soft_passed: st.soft_passed,
+            table_full: st.table_full,
+        }
     }
 
-    pub(crate) fn swept(&self, removed: usize) {
-        self.sweeps.fetch_add(1, Ordering::Relaxed);
-        self.swept.fetch_add(removed as u64, Ordering::Relaxed);
-    }
-
-    pub(crate) fn snapshot(&self, keys: usize) -> Stats {
-        let mut st = Stats {
-            keys: keys as u64,
-            ..Stats::default()
-        };
-        for s in self.stripes.iter().chain(std::iter::once(&self.shared)) {
+    /// Adds these counts' decisions and retries to `st`.
+    pub(crate) fn add_to(&self, st: &mut Stats) {
+        for s in self.0.iter() {
+            // Relaxed: an approximate snapshot of statistics.
             let n = |c: Count| s.counts[c as usize].load(Ordering::Relaxed);
             st.allowed += n(Count::Allowed);
             st.denied += n(Count::Denied);
@@ -329,6 +451,52 @@ impl Counters {
             st.table_full += n(Count::TableFull);
             st.cas_retries += s.cas_retries.load(Ordering::Relaxed);
         }
+    }
+}
+
+impl Counters {
+    pub(crate) fn new() -> Self {
+        Counters {
+            evictions: AtomicU64::new(0),
+            evictions_by_rule: (0..=usize::from(u8::MAX))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            sweeps: AtomicU64::new(0),
+            swept: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn evicted(&self, rule: u8) {
+        // Relaxed (all): statistics.
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        self.evictions_by_rule[usize::from(rule)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn swept(&self, removed: usize) {
+        self.sweeps.fetch_add(1, Ordering::Relaxed);
+        self.swept.fetch_add(removed as u64, Ordering::Relaxed);
+    }
+
+    /// Evictions of states of rule `rule` so far.
+    pub(crate) fn evictions_of(&self, rule: u8) -> u64 {
+        // Relaxed: a statistic.
+        self.evictions_by_rule[usize::from(rule)].load(Ordering::Relaxed)
+    }
+
+    /// The limiter's stats: `plans`' counts summed, these counters, `keys` states.
+    pub(crate) fn snapshot<'a>(
+        &self,
+        plans: impl Iterator<Item = &'a Counts>,
+        keys: usize,
+    ) -> Stats {
+        let mut st = Stats {
+            keys: keys as u64,
+            ..Stats::default()
+        };
+        for p in plans {
+            p.add_to(&mut st);
+        }
+        // Relaxed (all): a snapshot of statistics.
         st.evictions = self.evictions.load(Ordering::Relaxed);
         st.sweeps = self.sweeps.load(Ordering::Relaxed);
         st.swept = self.swept.load(Ordering::Relaxed);
@@ -349,21 +517,18 @@ mod tests {
     #[test]
     fn a_new_thread_inherits_an_exited_threads_stripe() {
         let clean_round = (0..5).any(|_| {
-            let counters = Counters::new();
-            for _ in 0..4 * counters.stripes.len() {
+            let counts = Counts::new();
+            let stripes = counts.0.len() - 1;
+            for _ in 0..4 * stripes {
                 std::thread::scope(|s| {
-                    s.spawn(|| counters.count(Count::Allowed, 0))
+                    s.spawn(|| counts.count(Count::Allowed, 0))
                         .join()
                         .expect("counting thread");
                 });
             }
-            let st = counters.snapshot(0);
-            assert_eq!(
-                st.allowed,
-                4 * counters.stripes.len() as u64,
-                "no count lost"
-            );
-            counters.shared.counts[Count::Allowed as usize].load(Ordering::Relaxed) == 0
+            let st = Counters::new().snapshot(std::iter::once(&counts), 0);
+            assert_eq!(st.allowed, 4 * stripes as u64, "no count lost");
+            counts.0[stripes].counts[Count::Allowed as usize].load(Ordering::Relaxed) == 0
         });
         assert!(clean_round, "every round counted on the shared stripe");
     }

@@ -26,8 +26,16 @@ fn value(
     })
 }
 
+/// The tests of this file run one at a time: tracing caches each event site's interest
+/// process-wide, and an event site first reached by one test with no subscriber while another
+/// test's scoped subscriber is being installed can miss it.
+static SERIAL: Mutex<()> = Mutex::new(());
+
 #[test]
 fn stats_are_published_through_the_metrics_facade() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let clock = FakeClock::new();
     let l = Limiter::<u64>::builder()
         .quota(Quota::per_minute(2))
@@ -108,6 +116,9 @@ impl tracing::Subscriber for Recorded {
 
 #[test]
 fn plan_changes_sweeps_and_a_full_table_are_traced() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let clock = FakeClock::new();
     let l = Limiter::<u64>::builder()
         .quota(Quota::per_second(1))

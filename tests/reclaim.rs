@@ -142,3 +142,43 @@ fn housekeeping_sweeps_stale_states_as_new_ones_come() {
     assert_eq!(idle.len(), 100_000);
     assert!(idle.state_heap_bytes() > l.state_heap_bytes());
 }
+
+/// Stale states anywhere make room, not only those near a new key's slot: with many shards a
+/// new key's neighbourhood holds no stale state, and the table is swept (at most once per
+/// 100 ms) before the key is denied. With the stale states gone, the table is full of live
+/// state and the next new key is denied.
+#[test]
+fn stale_states_far_from_a_new_key_make_room_too() {
+    for store in [StoreKind::Flat, StoreKind::Dash] {
+        let clock = FakeClock::new();
+        let l = Limiter::<u64>::builder()
+            .quota(Quota::per_minute(10))
+            .max_keys(64)
+            .shards(64)
+            .store(store)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        for k in 0..64 {
+            assert!(l.check(&k).is_allowed());
+        }
+        clock.advance(Duration::from_secs(3_600));
+        // 60 of the old clients come back (live again); 4 stay stale, wherever they sit.
+        for k in 4..64 {
+            assert!(l.check(&k).is_allowed());
+        }
+        for k in 1_000..1_004 {
+            let d = l.check(&k);
+            assert!(
+                d.is_allowed(),
+                "{store:?} new key {k}: {d:?} {:?}",
+                l.stats()
+            );
+        }
+        assert_eq!(reclaimed(&l), 4, "{store:?}: {:?}", l.stats());
+        assert_eq!(l.check(&2_000).reason(), Reason::TableFull, "{store:?}");
+        clock.advance(Duration::from_millis(200));
+        assert_eq!(l.check(&2_001).reason(), Reason::TableFull, "{store:?}");
+        assert_eq!(reclaimed(&l), 4, "no live state is ever reclaimed");
+    }
+}

@@ -21,7 +21,7 @@ use crate::http::config::{HeaderStyle, HttpConfig, KeySource};
 use crate::http::keys::{
     ClientKey, KeyError, OnBadKey, api_key_from_headers, client_ip_from_headers, walk_headers,
 };
-use crate::http::metrics::HttpCounters;
+use crate::http::metrics::{Exposition, HttpCounters};
 use crate::http::{format, grpc};
 use crate::ip::client_ip_key;
 use crate::limiter::{Detailed, Limiter, Part, PlanId};
@@ -162,6 +162,8 @@ struct Core<C: Clock> {
     rules: Vec<CompiledRule>,
     api_key_header: HeaderName,
     counters: HttpCounters,
+    /// The recorder `/metrics` renders.
+    exposition: Exposition,
     /// Stops and joins the background sweeper when the last clone drops.
     _sweeper: Option<Sweeper>,
 }
@@ -302,6 +304,7 @@ impl<C: Clock> RateLimitLayer<C> {
                 rules,
                 api_key_header,
                 counters: HttpCounters::default(),
+                exposition: Exposition::new(),
                 _sweeper: sweeper,
             }),
             hooks: Arc::default(),
@@ -456,18 +459,35 @@ impl<C: Clock> RateLimitLayer<C> {
         &self.core.limiter
     }
 
-    /// The counters in the Prometheus text format (the limiter's and the layer's own).
+    /// The counters in the Prometheus text format: the limiter's totals, each plan's decisions
+    /// (`tollgate_plan_decisions_total{plan, outcome}`), each rule's states and evictions
+    /// (`tollgate_rule_keys{rule}`, `tollgate_rule_evictions_total{rule}`) and the layer's own
+    /// `tollgate_http_*` counters, rendered by metrics-exporter-prometheus.
+    ///
+    /// ```
+    /// use tollgate::http::{HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1m\"\n")?;
+    /// let layer = RateLimitLayer::new(config)?;
+    /// let text = layer.metrics();
+    /// assert!(text.contains("tollgate_plan_decisions_total{plan=\"free\",outcome=\"allowed\"} 0"));
+    /// assert!(text.contains("tollgate_http_requests_total 0"));
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
     pub fn metrics(&self) -> String {
-        self.core.counters.render(&self.core.limiter.stats())
+        self.core.exposition.render(|| self.publish_to(&[]))
     }
 
     /// Publishes the same counters through the `metrics` facade (feature `metrics`), labelled
-    /// `limiter = name`: the limiter's ([`Stats::publish`](crate::Stats::publish)) and the
-    /// layer's `tollgate_http_*` counters, under the names [`metrics`](Self::metrics) renders.
-    #[cfg(feature = "metrics")]
+    /// `limiter = name`, under the names [`metrics`](Self::metrics) renders.
     pub fn publish_metrics(&self, name: &str) {
-        self.core.limiter.stats().publish(name);
-        self.core.counters.publish(name);
+        self.publish_to(&crate::stats::publish::limiter(name));
+    }
+
+    fn publish_to(&self, base: &[metrics::Label]) {
+        let limiter = &self.core.limiter;
+        crate::stats::publish::totals(base, &limiter.stats());
+        crate::stats::publish::breakdown(base, &limiter.plan_stats(), &limiter.rule_stats());
+        self.core.counters.publish(base);
     }
 
     /// The client key of a request head from the configured sources, before any

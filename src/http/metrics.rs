@@ -1,8 +1,8 @@
-//! The layer's own counters and the Prometheus text rendering.
+//! The layer's own counters, and the Prometheus text of its `/metrics`.
 
-use std::fmt::Write as _;
+use metrics::{Label, counter, describe_counter, describe_gauge, gauge};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
-use crate::stats::Stats;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Counters the layer bumps per request. Relaxed everywhere: statistics, each add one RMW so
@@ -65,152 +65,96 @@ impl HttpCounters {
         self.internal_errors.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Publishes the layer's counters through the `metrics` facade, labelled `limiter = name`.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn publish(&self, name: &str) {
+    /// Publishes the layer's counters through the `metrics` facade, with labels `base`.
+    pub(crate) fn publish(&self, base: &[Label]) {
         // Relaxed loads: an approximate snapshot, as a scrape is.
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        for (metric, v) in [
-            ("tollgate_http_requests_total", get(&self.requests)),
-            ("tollgate_http_limited_total", get(&self.limited)),
-            ("tollgate_http_soft_passed_total", get(&self.soft_passed)),
-            ("tollgate_http_queued_total", get(&self.queued)),
-            ("tollgate_http_bad_key_total", get(&self.bad_key)),
+        for (metric, help, v) in [
+            (
+                "tollgate_http_requests_total",
+                "Requests seen by the layer.",
+                get(&self.requests),
+            ),
+            (
+                "tollgate_http_limited_total",
+                "Requests answered 429.",
+                get(&self.limited),
+            ),
+            (
+                "tollgate_http_soft_passed_total",
+                "Requests over a soft limit, passed with a warning.",
+                get(&self.soft_passed),
+            ),
+            (
+                "tollgate_http_queued_total",
+                "Requests held by the queue strategy before passing.",
+                get(&self.queued),
+            ),
+            (
+                "tollgate_http_bad_key_total",
+                "Requests whose client key could not be taken (fallback applied).",
+                get(&self.bad_key),
+            ),
             (
                 "tollgate_http_rejected_bad_key_total",
+                "Requests rejected for a bad key (400, or a custom extractor's rejection).",
                 get(&self.rejected_bad_key),
             ),
-            ("tollgate_http_unknown_plan_total", get(&self.unknown_plan)),
+            (
+                "tollgate_http_unknown_plan_total",
+                "Resolver answers naming an unknown plan (default plan used).",
+                get(&self.unknown_plan),
+            ),
             (
                 "tollgate_http_internal_errors_total",
+                "Requests answered 500 because the limiter refused the configuration.",
                 get(&self.internal_errors),
             ),
-            ("tollgate_http_exempt_total", get(&self.exempt)),
-            ("tollgate_http_refunded_total", get(&self.refunded)),
+            (
+                "tollgate_http_exempt_total",
+                "Requests from exempt keys or networks, passed uncharged.",
+                get(&self.exempt),
+            ),
+            (
+                "tollgate_http_refunded_total",
+                "Requests whose charge was refunded after the response (refund_when).",
+                get(&self.refunded),
+            ),
         ] {
-            metrics::counter!(metric, "limiter" => name.to_string()).absolute(v);
+            describe_counter!(metric, help);
+            counter!(metric, base.to_vec()).absolute(v);
+        }
+        // Seconds are fractional: a gauge that only grows (the exporter's counters are whole).
+        describe_gauge!(
+            "tollgate_http_queued_seconds_total",
+            "Total time requests were held by the queue strategy."
+        );
+        gauge!("tollgate_http_queued_seconds_total", base.to_vec())
+            .set(get(&self.queued_wait_ns) as f64 / 1e9);
+    }
+}
+
+/// The Prometheus text of the layer's `/metrics`: the limiter's and the layer's counters
+/// published (as `publish_metrics` publishes them, without the `limiter` label) into a
+/// recorder of the layer's own, which metrics-exporter-prometheus renders. Nothing global is
+/// installed.
+pub(crate) struct Exposition {
+    recorder: PrometheusRecorder,
+}
+
+impl Exposition {
+    pub(crate) fn new() -> Self {
+        Exposition {
+            recorder: PrometheusBuilder::new().build_recorder(),
         }
     }
 
-    /// Prometheus text exposition format (version 0.0.4).
-    pub(crate) fn render(&self, stats: &Stats) -> String {
-        // Relaxed loads: an approximate snapshot is what a scrape is.
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let mut out = String::with_capacity(2048);
-        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for (labels, v) in samples {
-                let _ = writeln!(out, "{name}{labels} {v}");
-            }
-        };
-        metric(
-            "tollgate_decisions_total",
-            "counter",
-            "Limiter decisions by outcome (one per limit checked).",
-            &[
-                ("{outcome=\"allowed\"}", stats.allowed),
-                ("{outcome=\"denied\"}", stats.denied),
-                ("{outcome=\"soft_passed\"}", stats.soft_passed),
-                ("{outcome=\"table_full\"}", stats.table_full),
-            ],
-        );
-        metric(
-            "tollgate_keys",
-            "gauge",
-            "Keys tracked now.",
-            &[("", stats.keys)],
-        );
-        metric(
-            "tollgate_evictions_total",
-            "counter",
-            "Fresh keys evicted to make room.",
-            &[("", stats.evictions)],
-        );
-        metric(
-            "tollgate_swept_keys_total",
-            "counter",
-            "Keys removed by sweeping.",
-            &[("", stats.swept)],
-        );
-        metric(
-            "tollgate_cas_retries_total",
-            "counter",
-            "Compare-and-swap attempts lost to another thread.",
-            &[("", stats.cas_retries)],
-        );
-        metric(
-            "tollgate_http_requests_total",
-            "counter",
-            "Requests seen by the layer.",
-            &[("", get(&self.requests))],
-        );
-        metric(
-            "tollgate_http_limited_total",
-            "counter",
-            "Requests answered 429.",
-            &[("", get(&self.limited))],
-        );
-        metric(
-            "tollgate_http_soft_passed_total",
-            "counter",
-            "Requests over a soft limit, passed with a warning.",
-            &[("", get(&self.soft_passed))],
-        );
-        metric(
-            "tollgate_http_queued_total",
-            "counter",
-            "Requests held by the queue strategy before passing.",
-            &[("", get(&self.queued))],
-        );
-        metric(
-            "tollgate_http_queued_seconds_total",
-            "counter",
-            "Total time requests were held by the queue strategy.",
-            &[],
-        );
-        let ns = get(&self.queued_wait_ns);
-        let _ = writeln!(
-            out,
-            "tollgate_http_queued_seconds_total {}.{:09}",
-            ns / 1_000_000_000,
-            ns % 1_000_000_000
-        );
-        let mut metric = |name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
-            let _ = writeln!(out, "{name} {v}");
-        };
-        metric(
-            "tollgate_http_bad_key_total",
-            "Requests whose client key could not be taken (fallback applied).",
-            get(&self.bad_key),
-        );
-        metric(
-            "tollgate_http_rejected_bad_key_total",
-            "Requests rejected for a bad key (400, or a custom extractor's rejection).",
-            get(&self.rejected_bad_key),
-        );
-        metric(
-            "tollgate_http_unknown_plan_total",
-            "Resolver answers naming an unknown plan (default plan used).",
-            get(&self.unknown_plan),
-        );
-        metric(
-            "tollgate_http_internal_errors_total",
-            "Requests answered 500 because the limiter refused the configuration.",
-            get(&self.internal_errors),
-        );
-        metric(
-            "tollgate_http_exempt_total",
-            "Requests from exempt keys or networks, passed uncharged.",
-            get(&self.exempt),
-        );
-        metric(
-            "tollgate_http_refunded_total",
-            "Requests whose charge was refunded after the response (refund_when).",
-            get(&self.refunded),
-        );
-        out
+    /// Renders after `publish` ran against the layer's recorder.
+    pub(crate) fn render(&self, publish: impl FnOnce()) -> String {
+        metrics::with_local_recorder(&self.recorder, || {
+            crate::stats::publish::describe();
+            publish();
+        });
+        self.recorder.handle().render()
     }
 }

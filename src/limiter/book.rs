@@ -9,6 +9,7 @@ use crate::cell::Mode;
 use crate::clock::nanos;
 use crate::error::Error;
 use crate::quota::{Kind, Quota, Rule};
+use crate::stats::Counts;
 use crate::store::{MAX_RULES, RuleId};
 use crate::sync::{AtomicPtr, Ordering};
 
@@ -119,6 +120,8 @@ pub(crate) struct Compiled {
     pub(crate) inline: Option<InlinePlan>,
     /// A two-part plan as the short path serves it, where it can (see [`InlinePair`]).
     pub(crate) pair: Option<InlinePair>,
+    /// The plan's decision counts (the same ones in every book that has the plan).
+    pub(crate) counts: Counts,
 }
 
 impl Compiled {
@@ -163,12 +166,14 @@ pub(crate) struct Book {
 /// A plan, when the short path ([`Limiter::check`](crate::Limiter::check), and `check_in` of
 /// one unit or more) can serve it: one word-cell part, not a queue, on the flat store. Worked
 /// out once per book.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct InlinePlan {
     pub(crate) id: RuleId,
     pub(crate) rule: Rule,
     pub(crate) headroom: u64,
     pub(crate) soft: bool,
+    /// The plan's decision counts.
+    pub(crate) counts: Counts,
 }
 
 impl InlinePlan {
@@ -183,6 +188,7 @@ impl InlinePlan {
             rule: part.rule,
             headroom: default.headroom,
             soft: default.strategy == Strategy::Soft,
+            counts: default.counts.clone(),
         })
     }
 }
@@ -191,12 +197,14 @@ impl InlinePlan {
 /// parts, not a queue, on the flat store, both states already in their slots. The general
 /// path's semantics (the first part charged, the second charged or peeked, the first refunded
 /// when the second denies), without its per-part bookkeeping. Worked out once per book.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct InlinePair {
     pub(crate) ids: [RuleId; 2],
     pub(crate) rules: [Rule; 2],
     pub(crate) headroom: u64,
     pub(crate) soft: bool,
+    /// The plan's decision counts.
+    pub(crate) counts: Counts,
 }
 
 impl InlinePair {
@@ -212,6 +220,7 @@ impl InlinePair {
             rules: [a.rule, b.rule],
             headroom: plan.headroom,
             soft: plan.strategy == Strategy::Soft,
+            counts: plan.counts.clone(),
         })
     }
 }
@@ -275,6 +284,8 @@ impl Book {
                 max_cost: capacity - plan.headroom,
                 inline: None,
                 pair: None,
+                // A plan that was there before keeps counting where it did.
+                counts: before.map_or_else(Counts::new, |b| b.counts.clone()),
             });
         }
         // A part carries state over only from rules that no plan uses any more: the state of a
@@ -302,7 +313,7 @@ impl Book {
                 plan.pair = InlinePair::of(plan);
             }
         }
-        let inline = compiled.first().and_then(|p| p.inline);
+        let inline = compiled.first().and_then(|p| p.inline.clone());
         Ok(Book {
             plans: compiled,
             by_name,

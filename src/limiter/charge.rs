@@ -17,7 +17,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
 use crate::quota::Kind;
-use crate::stats::Count;
+use crate::stats::{Count, Counts};
 use crate::store::flat::Found;
 use crate::store::{FlatStore, Fresh, Full, RuleId, Store, rule_hash};
 
@@ -274,7 +274,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                     }
                     // Insertion and first charge are one write (a denial claims the start).
                     let first = step.next.unwrap_or(start);
-                    if s.insert_inline(h, first, fresh)? {
+                    let inserted = match s.insert_inline(h, first, fresh) {
+                        Ok(inserted) => inserted,
+                        // Stale states elsewhere in the table make room: look again.
+                        Err(Full) if self.reclaim_at_cap(now) => continue,
+                        Err(Full) => return Err(Full),
+                    };
+                    if inserted {
                         self.retire_lineage(s, key, part);
                         return Ok(Applied {
                             decision: step.decision,
@@ -312,7 +318,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             return Ok(apply(&start));
         }
         self.new_state_seen();
-        let a = s.with_or_insert(key, part.id, || start, self.fresh(book, now, true), apply)?;
+        let fresh = self.fresh(book, now, true);
+        let a = match s.with_or_insert(key, part.id, || start, fresh, apply) {
+            // Stale states elsewhere in the table make room: once more.
+            Err(Full) if self.reclaim_at_cap(now) => {
+                let start = self.inherited_cell(s, book, key, part, now);
+                s.with_or_insert(key, part.id, || start, fresh, apply)?
+            }
+            a => a?,
+        };
         self.retire_lineage(s, key, part);
         Ok(a)
     }
@@ -484,8 +498,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         first: bool,
         undo: &mut Option<Undo>,
     ) -> Result<bool, Error> {
-        let (d, retries) = self.charge(cost, undo)?;
-        self.limiter.counters.count(Count::of(&d), retries);
+        let (d, retries, counts) = self.charge(cost, undo)?;
+        counts.count(Count::of(&d), retries);
         if first {
             *merged = d;
         } else {
@@ -512,7 +526,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
     }
 
     fn recount(&self, admitted: bool, merged: Option<&Decision>) {
-        let counters = &self.limiter.counters;
+        // The plan's counts: a plan change meanwhile keeps them (they move to the new book).
+        let Ok(plan) = self.limiter.book.current().get(self.plan) else {
+            return;
+        };
+        let counters = &plan.counts;
         if admitted {
             counters.uncount(Count::Allowed);
         }
@@ -523,10 +541,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
-    /// One part's charge of a compound limit across keys: its decision and retries, and into
-    /// `undo` what a refund needs.
+    /// One part's charge of a compound limit across keys: its decision, retries and the plan's
+    /// counts, and into `undo` what a refund needs.
     #[inline(always)]
-    fn charge(&self, cost: u64, undo: &mut Option<Undo>) -> Result<(Decision, u32), Error> {
+    fn charge(
+        &self,
+        cost: u64,
+        undo: &mut Option<Undo>,
+    ) -> Result<(Decision, u32, &Counts), Error> {
         let l = self.limiter;
         let book = l.book.current();
         let plan = book.get(self.plan)?;
@@ -548,7 +570,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
                         tokens,
                     });
                 }
-                return Ok((a.decision, a.retries));
+                return Ok((a.decision, a.retries, &plan.counts));
             }
         }
         let charged = match plan.parts.as_slice() {
@@ -586,9 +608,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
                         tokens,
                     });
                 }
-                Ok((d, retries))
+                Ok((d, retries, &plan.counts))
             }
-            Err(Full) => Ok((l.table_full(plan), 0)),
+            Err(Full) => Ok((l.table_full(plan), 0, &plan.counts)),
         }
     }
 }

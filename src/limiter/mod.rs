@@ -21,9 +21,9 @@ use crate::clock::{Clock, MonotonicClock, nanos};
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
 use crate::quota::Quota;
-use crate::stats::{Count, Counters, Stats};
+use crate::stats::{Count, Counters, PlanStats, RuleStats, Stats};
 use crate::store::flat::Found;
-use crate::store::{DashStore, FlatStore, Full, OnFull, Store, StoreKind, rule_hash};
+use crate::store::{DashStore, FlatStore, Full, OnFull, RuleId, Store, StoreKind, rule_hash};
 use crate::sweep::{self, Sweep, Sweeper};
 use crate::sync::AtomicUsize;
 use book::{Book, Books, Compiled};
@@ -327,9 +327,15 @@ impl<K, C: Clock> Builder<K, C> {
                 0
             },
             housekeeping: crate::sync::AtomicBool::new(false),
+            evicts: self.on_full == OnFull::EvictFresh,
+            last_reclaim: crate::sync::AtomicU64::new(u64::MAX),
         })
     }
 }
+
+/// The least time between two whole-table sweeps by new states at the cap (see
+/// [`Limiter::reclaim_at_cap`]): 100 ms.
+const RECLAIM_EVERY_NS: u64 = 100_000_000;
 
 /// The most shards [`Builder::shards`] accepts.
 pub const MAX_SHARDS: usize = 1 << 16;
@@ -405,6 +411,11 @@ pub struct Limiter<K, C = MonotonicClock> {
     housekeep_every: usize,
     /// A housekeeping step is running: the others skip theirs.
     housekeeping: crate::sync::AtomicBool,
+    /// Whether a new state at the cap may take a fresh one's place (`OnFull::EvictFresh`).
+    evicts: bool,
+    /// Clock reading (ns) of the last sweep a new state at the cap ran (see
+    /// [`reclaim_at_cap`](Self::reclaim_at_cap)); `u64::MAX` before the first.
+    last_reclaim: crate::sync::AtomicU64,
 }
 
 impl<K, C: std::fmt::Debug> std::fmt::Debug for Limiter<K, C> {
@@ -562,7 +573,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             return None;
         };
         let slot = crate::cell::Inline { slot, tag };
-        let tally = self.counters.tally();
+        let tally = plan.counts.tally();
         let a = crate::cell::apply_inline(
             &slot,
             word,
@@ -624,7 +635,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         };
         let second = Inline { slot, tag };
         let [rule_a, rule_b] = &pair.rules;
-        let tally = self.counters.tally();
+        let tally = pair.counts.tally();
         let a = apply_inline_part(&first, word, now, cost, rule_a, pair.headroom, Mode::Check)?;
         let mut retries = a.retries;
         let mut d = a.decision;
@@ -814,7 +825,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             }
             return n;
         };
-        let rule = self.book.current().inline.map_or(0, |p| p.id);
+        let rule = self.book.current().inline.as_ref().map_or(0, |p| p.id);
         let mut hashes = [0u64; CHUNK];
         for (keys, out) in keys[..n].chunks(CHUNK).zip(out[..n].chunks_mut(CHUNK)) {
             for (h, key) in hashes.iter_mut().zip(keys) {
@@ -1016,7 +1027,79 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// The counters (cheap: sums a few cache lines).
     pub fn stats(&self) -> Stats {
-        self.counters.snapshot(self.len())
+        let book = self.book.current();
+        self.counters
+            .snapshot(book.plans.iter().map(|p| &p.counts), self.len())
+    }
+
+    /// Each plan's decisions so far, in the order the plans were added (`"default"` first):
+    /// exact, and summing to [`stats`](Self::stats)' decision counts. A plan's own calls and
+    /// its share of [`check_all`] count under it.
+    ///
+    /// ```
+    /// use tollgate::{FakeClock, Limiter, Plan, Quota};
+    /// let limiter = Limiter::<u64, _>::builder()
+    ///     .quota(Quota::per_minute(2))
+    ///     .plan("pro", Plan::new([Quota::per_minute(100)]))
+    ///     .clock(FakeClock::new())
+    ///     .build()?;
+    /// let pro = limiter.plan("pro").unwrap();
+    /// for _ in 0..3 {
+    ///     let _ = limiter.check(&1);
+    ///     let _ = limiter.check_in(&2, pro, 1)?;
+    /// }
+    /// let stats = limiter.plan_stats();
+    /// assert_eq!((stats[0].plan.as_str(), stats[0].allowed, stats[0].denied), ("default", 2, 1));
+    /// assert_eq!((stats[1].plan.as_str(), stats[1].allowed, stats[1].denied), ("pro", 3, 0));
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn plan_stats(&self) -> Vec<PlanStats> {
+        self.book
+            .current()
+            .plans
+            .iter()
+            .map(|p| p.counts.plan_stats(&p.name))
+            .collect()
+    }
+
+    /// Each rule's states and evictions, for every rule a plan lists now (a rule is one quota,
+    /// shared by the plans that list it), in plan order.
+    ///
+    /// Contention: counts the states by a scan of the whole table, taking each shard's read
+    /// lock in turn (about a millisecond a million slots); for a metrics scrape, not a hot path.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Quota};
+    /// let limiter = Limiter::<u64>::builder().quota(Quota::per_second(10)).build()?;
+    /// assert!(limiter.check(&1).is_allowed() && limiter.check(&2).is_allowed());
+    /// let rules = limiter.rule_stats();
+    /// assert_eq!(rules[0].rule, "token_bucket 10/1s");
+    /// assert_eq!((rules[0].plans.as_slice(), rules[0].keys), (&["default.0".to_string()][..], 2));
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn rule_stats(&self) -> Vec<RuleStats> {
+        let book = self.book.current();
+        let mut keys = [0u64; crate::store::MAX_RULES];
+        on_store!(&self.store, s => s.count_by_rule(&mut keys));
+        let mut out: Vec<(RuleId, RuleStats)> = Vec::new();
+        for plan in &book.plans {
+            for (i, part) in plan.parts.iter().enumerate() {
+                let name = format!("{}.{i}", plan.name);
+                match out.iter_mut().find(|(id, _)| *id == part.id) {
+                    Some((_, r)) => r.plans.push(name),
+                    None => out.push((
+                        part.id,
+                        RuleStats {
+                            rule: part.rule.describe(),
+                            plans: vec![name],
+                            keys: keys[usize::from(part.id)],
+                            evictions: self.counters.evictions_of(part.id),
+                        },
+                    )),
+                }
+            }
+        }
+        out.into_iter().map(|(_, r)| r).collect()
     }
 
     /// The limiter's clock.
@@ -1044,7 +1127,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
 
     /// Publishes [`stats`](Self::stats) through the `metrics` facade (feature `metrics`),
-    /// labelled `limiter = name` (see [`Stats::publish`]): call it from a timer or a scrape.
+    /// labelled `limiter = name` (see [`Stats::publish`]), with each plan's decisions
+    /// ([`plan_stats`](Self::plan_stats): counter `tollgate_plan_decisions_total`, labels `plan`
+    /// and `outcome`) and each rule's states and evictions ([`rule_stats`](Self::rule_stats):
+    /// gauge `tollgate_rule_keys` and counter `tollgate_rule_evictions_total`, label `rule`).
+    /// Call it from a timer or a scrape: it scans the table for the states by rule.
     ///
     /// ```
     /// use tollgate::{Limiter, Quota};
@@ -1055,7 +1142,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// ```
     #[cfg(feature = "metrics")]
     pub fn publish_metrics(&self, name: &str) {
-        self.stats().publish(name);
+        let base = crate::stats::publish::limiter(name);
+        crate::stats::publish::totals(&base, &self.stats());
+        crate::stats::publish::breakdown(&base, &self.plan_stats(), &self.rule_stats());
     }
 
     /// Sweeps every shard once; returns the number of states removed.
@@ -1158,7 +1247,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     fn settle(&self, plan: &Compiled, d: &mut Decision, retries: u32, mode: Mode) {
         soften(plan, d);
         if !mode.is_peek() {
-            self.counters.count(Count::of(d), retries);
+            plan.counts.count(Count::of(d), retries);
         }
     }
 }
@@ -1186,6 +1275,37 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         if n % self.housekeep_every == self.housekeep_every - 1 {
             self.housekeep();
         }
+    }
+
+    /// A new state found the table at the cap and no fresh state near its slot: sweeps the whole
+    /// table, so stale states anywhere make room, at most once per [`RECLAIM_EVERY_NS`] (a
+    /// table really full of live state, flooded with new keys, then costs one sweep per
+    /// interval, not one per key). True if it ran and removed a state: the insert is worth
+    /// another try. Only with eviction (`OnFull::EvictFresh`, the default) and housekeeping on.
+    #[cold]
+    pub(crate) fn reclaim_at_cap(&self, now: u64) -> bool {
+        if !self.evicts || self.housekeep_every == 0 {
+            return false;
+        }
+        // Relaxed: the reading only paces the sweep (which synchronises itself); one thread
+        // wins the swap and sweeps, the others deny as before.
+        let last = self.last_reclaim.load(crate::sync::Ordering::Relaxed);
+        if last != u64::MAX && now.saturating_sub(last) < RECLAIM_EVERY_NS {
+            return false;
+        }
+        if self
+            .last_reclaim
+            .compare_exchange(
+                last,
+                now,
+                crate::sync::Ordering::Relaxed,
+                crate::sync::Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        self.sweep_once(usize::MAX) > 0
     }
 
     #[cold]

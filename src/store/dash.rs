@@ -60,11 +60,12 @@ impl<K: Hash + Eq + Clone> DashStore<K> {
         unsafe {
             for bucket in table.iter() {
                 let ((_, rule), cell) = bucket.as_ref();
-                if fresh.cell(*rule, cell.get()) {
+                let rule = *rule;
+                if fresh.cell(rule, cell.get()) {
                     table.erase(bucket);
                     // Relaxed: see `reserve_slot`.
                     self.len.fetch_sub(1, Ordering::Relaxed);
-                    fresh.evicted();
+                    fresh.evicted(rule);
                     return true;
                 }
             }
@@ -162,5 +163,11 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for DashStore<K> {
 
     fn sum_cells(&self, mut f: impl FnMut(&Cell) -> usize) -> usize {
         self.map.iter().map(|e| f(e.value())).sum()
+    }
+
+    fn count_by_rule(&self, by_rule: &mut [u64; super::MAX_RULES]) {
+        for e in self.map.iter() {
+            by_rule[usize::from(e.key().1)] += 1;
+        }
     }
 }

@@ -884,7 +884,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                         self.uncount_passes(own, d);
                     }
                     self.release(1);
-                    fresh.evicted();
+                    fresh.evicted(rule_of(t));
                     return true;
                 }
             }
@@ -917,7 +917,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                         self.uncount_passes(shard, d);
                     }
                     self.release(1);
-                    fresh.evicted();
+                    fresh.evicted(victim.1);
                     return true;
                 }
             }
@@ -1148,6 +1148,24 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
             .iter()
             .map(|s| sync::read(&s.spill).values().map(&mut f).sum::<usize>())
             .sum()
+    }
+
+    fn count_by_rule(&self, by_rule: &mut [u64; super::MAX_RULES]) {
+        for shard in self.shards.iter() {
+            // The spill map's read lock holds its states still; inline states are read as
+            // they are (a snapshot, as statistics are).
+            let spill = sync::read(&shard.spill);
+            for (_, rule) in spill.keys() {
+                by_rule[usize::from(*rule)] += 1;
+            }
+            for slot in self.groups(shard).iter().flat_map(|g| &g.0) {
+                // Acquire: see `find`.
+                let (t, _) = slot.load(Ordering::Acquire);
+                if t & KIND == INLINE {
+                    by_rule[usize::from(rule_of(t))] += 1;
+                }
+            }
+        }
     }
 }
 

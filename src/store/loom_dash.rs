@@ -62,7 +62,7 @@ impl<K: Hash + Eq + Clone> LoomDashStore<K> {
                 table.remove(&k);
                 // Relaxed: see `reserve_slot`.
                 self.len.fetch_sub(1, Ordering::Relaxed);
-                fresh.evicted();
+                fresh.evicted(k.1);
                 true
             }
             None => false,
@@ -153,5 +153,13 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for LoomDashStore<K> {
             .iter()
             .map(|s| s.read().unwrap().values().map(&mut f).sum::<usize>())
             .sum()
+    }
+
+    fn count_by_rule(&self, by_rule: &mut [u64; super::MAX_RULES]) {
+        for s in &self.shards {
+            for (_, rule) in s.read().unwrap().keys() {
+                by_rule[usize::from(*rule)] += 1;
+            }
+        }
     }
 }

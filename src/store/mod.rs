@@ -126,10 +126,10 @@ pub(crate) struct Fresh<'a> {
 }
 
 impl Fresh<'_> {
-    /// Counts one state an eviction removed.
-    pub(crate) fn evicted(&self) {
+    /// Counts one state of rule `rule` an eviction removed.
+    pub(crate) fn evicted(&self, rule: RuleId) {
         if let Some(c) = self.evictions {
-            c.evicted();
+            c.evicted(rule);
         }
     }
 
@@ -201,4 +201,8 @@ pub(crate) trait Store<K>: Send + Sync {
     /// Sums `f` over every state kept as a cell outside the flat store's slots (for memory
     /// accounting; takes each shard's read lock in turn).
     fn sum_cells(&self, f: impl FnMut(&Cell) -> usize) -> usize;
+
+    /// Adds to `by_rule[r]` the states of rule `r` held now (a scan of the whole store, for
+    /// statistics: takes each shard's read lock in turn).
+    fn count_by_rule(&self, by_rule: &mut [u64; MAX_RULES]);
 }
