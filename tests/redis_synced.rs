@@ -1,6 +1,7 @@
 //! Synced mode against a real redis-server: three engines (each with its own connection)
-//! hammer one key from three threads; the total admitted stays within the documented
-//! over-admission bound, and the global state really is shared.
+//! hammer one key from three threads, for a token bucket, a fixed window and a sliding window
+//! counter; the admitted units stay within each algorithm's documented over-admission bound,
+//! and the global state really is shared.
 #![cfg(feature = "redis")]
 
 mod redis_support;
@@ -18,8 +19,19 @@ const BURST: u64 = 20;
 const NODES: u64 = 3;
 const INTERVAL: Duration = Duration::from_millis(50);
 
+/// The hammering tests run one at a time: each keeps three threads busy, and the bounds assume
+/// each engine's rounds keep to their interval.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn three_engines_on_one_key_stay_within_the_bound() {
+    let _serial = serial();
     let server = RedisServer::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -153,4 +165,156 @@ fn synced_mode_degrades_by_policy_and_recovers() {
         e.stats()
     );
     assert!(e.stats().failed_rounds >= 1);
+}
+
+/// Three engines hammer one key of a window algorithm (`limit` per 1 s window) for about four
+/// windows; returns the units admitted in each whole Unix-aligned window (by the wall clock at
+/// each admission), and each engine's stats.
+fn three_on_a_window(
+    server: &RedisServer,
+    prefix: &str,
+    quota: Quota,
+) -> (Vec<u64>, Vec<tollgate::redis::SyncedStats>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let engines: Vec<Arc<SyncedLimiter>> = {
+        let _g = rt.enter();
+        (0..NODES)
+            .map(|_| {
+                Arc::new(
+                    SyncedLimiter::builder(&server.url())
+                        .prefix(prefix)
+                        .quota(quota)
+                        .interval(INTERVAL)
+                        .build()
+                        .unwrap(),
+                )
+            })
+            .collect()
+    };
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    // Start just after a window boundary, run four whole windows and a little.
+    std::thread::sleep(Duration::from_millis(1_000 - unix_ms() % 1_000 + 20));
+    let first = unix_ms() / 1_000;
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = engines
+        .iter()
+        .map(|e| {
+            let (e, stop) = (e.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut per_window = std::collections::HashMap::<u64, u64>::new();
+                let mut c = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if e.check("hot").is_allowed() {
+                        *per_window.entry(unix_ms() / 1_000).or_default() += 1;
+                    }
+                    c += 1;
+                    if c % 64 == 0 {
+                        std::thread::yield_now();
+                    }
+                }
+                per_window
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(4_100));
+    stop.store(true, Ordering::SeqCst);
+    let mut windows = vec![0u64; 4];
+    for t in threads {
+        for (w, n) in t.join().unwrap() {
+            if let Some(slot) = w
+                .checked_sub(first)
+                .and_then(|i| windows.get_mut(i as usize))
+            {
+                *slot += n;
+            }
+        }
+    }
+    (windows, engines.iter().map(|e| e.stats()).collect())
+}
+
+/// Synced fixed windows: in every window the engines together admit at most the documented
+/// bound `limit + (N - 1) * min(limit, d)` (`d`, what one engine admits in an interval and a
+/// round trip, is the whole limit here: the engines hammer), which the first window, with no
+/// shares known yet, reaches; from the second window on each engine starts at the others'
+/// share of the last one, and the engines together admit the limit (within 10% either way).
+#[test]
+fn synced_fixed_windows_stay_within_their_bound() {
+    let _serial = serial();
+    let server = RedisServer::start();
+    const LIMIT: u64 = 300;
+    let quota = Quota::per_second(LIMIT).algorithm(tollgate::Algorithm::FixedWindow);
+    let (windows, stats) = three_on_a_window(&server, "syncfixed:", quota);
+    let bound = LIMIT + (NODES - 1) * LIMIT;
+    eprintln!(
+        "synced fixed window, {NODES} engines, {LIMIT}/s, interval {INTERVAL:?}: admitted per \
+         window {windows:?}, limit {LIMIT}, bound {bound}; {stats:?}"
+    );
+    for (i, &n) in windows.iter().enumerate() {
+        assert!(n <= bound, "window {i}: {n} admitted, bound {bound}");
+    }
+    for (i, &n) in windows.iter().enumerate().skip(1) {
+        assert!(
+            (LIMIT * 9 / 10..=LIMIT * 11 / 10).contains(&n),
+            "window {i}: {n} admitted, limit {LIMIT}: {windows:?}"
+        );
+    }
+    for s in &stats {
+        assert!(s.rounds >= 20 && s.failed_rounds <= 2, "{s:?}");
+    }
+}
+
+/// Synced sliding window counters: the global previous-window count weighs on every engine
+/// from the window's first round on, so there is no burst at a boundary; every window admits
+/// at most `limit + (N - 1) * min(limit, d)`, and from the second on close to the limit (the
+/// estimate lets each engine spend what the previous window's decaying weight frees between
+/// two rounds: within 30% over, never under 80%).
+#[test]
+fn synced_sliding_windows_stay_within_their_bound() {
+    let _serial = serial();
+    let server = RedisServer::start();
+    const LIMIT: u64 = 300;
+    let quota = Quota::per_second(LIMIT).algorithm(tollgate::Algorithm::SlidingWindowCounter);
+    let (windows, stats) = three_on_a_window(&server, "syncsliding:", quota);
+    let bound = LIMIT + (NODES - 1) * LIMIT;
+    eprintln!(
+        "synced sliding window counter, {NODES} engines, {LIMIT}/s, interval {INTERVAL:?}: \
+         admitted per window {windows:?}, limit {LIMIT}, bound {bound}; {stats:?}"
+    );
+    for (i, &n) in windows.iter().enumerate() {
+        assert!(n <= bound, "window {i}: {n} admitted, bound {bound}");
+    }
+    for (i, &n) in windows.iter().enumerate().skip(1) {
+        assert!(
+            (LIMIT * 8 / 10..=LIMIT * 13 / 10).contains(&n),
+            "window {i}: {n} admitted, limit {LIMIT}: {windows:?}"
+        );
+    }
+    for s in &stats {
+        assert!(s.rounds >= 20 && s.failed_rounds <= 2, "{s:?}");
+    }
+}
+
+/// A sliding log cannot be synced (it keeps every request's time): a construction error that
+/// says to use exact mode.
+#[test]
+fn a_synced_sliding_log_is_a_construction_error() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _g = rt.enter();
+    let err = SyncedLimiter::builder("redis://127.0.0.1:1/")
+        .quota(Quota::per_second(10).algorithm(tollgate::Algorithm::SlidingWindowLog))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("exact mode"), "{err}");
 }
