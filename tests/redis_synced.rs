@@ -169,11 +169,13 @@ fn synced_mode_degrades_by_policy_and_recovers() {
 
 /// Three engines hammer one key of a window algorithm (`limit` per 1 s window) for about four
 /// windows; returns the units admitted in each whole Unix-aligned window (by the wall clock at
-/// each admission), and each engine's stats.
+/// each admission, or, `by_reset`, by the end of the window the decision names), and each
+/// engine's stats.
 fn three_on_a_window(
     server: &RedisServer,
     prefix: &str,
     quota: Quota,
+    by_reset: bool,
 ) -> (Vec<u64>, Vec<tollgate::redis::SyncedStats>) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -213,8 +215,17 @@ fn three_on_a_window(
                 let mut per_window = std::collections::HashMap::<u64, u64>::new();
                 let mut c = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    if e.check("hot").is_allowed() {
-                        *per_window.entry(unix_ms() / 1_000).or_default() += 1;
+                    let d = e.check("hot");
+                    if d.is_allowed() {
+                        // The limiter's own window (its clock and the wall clock differ by
+                        // milliseconds, and a fixed window's admissions come at its very start):
+                        // a fixed window ends `reset_after` from now, at a whole second.
+                        let second = if by_reset {
+                            (unix_ms() + d.reset_after().as_millis() as u64 + 500) / 1_000 - 1
+                        } else {
+                            unix_ms() / 1_000
+                        };
+                        *per_window.entry(second).or_default() += 1;
                     }
                     c += 1;
                     if c % 64 == 0 {
@@ -252,7 +263,7 @@ fn synced_fixed_windows_stay_within_their_bound() {
     let server = RedisServer::start();
     const LIMIT: u64 = 300;
     let quota = Quota::per_second(LIMIT).algorithm(tollgate::Algorithm::FixedWindow);
-    let (windows, stats) = three_on_a_window(&server, "syncfixed:", quota);
+    let (windows, stats) = three_on_a_window(&server, "syncfixed:", quota, true);
     let bound = LIMIT + (NODES - 1) * LIMIT;
     eprintln!(
         "synced fixed window, {NODES} engines, {LIMIT}/s, interval {INTERVAL:?}: admitted per \
@@ -283,7 +294,7 @@ fn synced_sliding_windows_stay_within_their_bound() {
     let server = RedisServer::start();
     const LIMIT: u64 = 300;
     let quota = Quota::per_second(LIMIT).algorithm(tollgate::Algorithm::SlidingWindowCounter);
-    let (windows, stats) = three_on_a_window(&server, "syncsliding:", quota);
+    let (windows, stats) = three_on_a_window(&server, "syncsliding:", quota, false);
     let bound = LIMIT + (NODES - 1) * LIMIT;
     eprintln!(
         "synced sliding window counter, {NODES} engines, {LIMIT}/s, interval {INTERVAL:?}: \

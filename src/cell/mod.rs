@@ -281,6 +281,37 @@ pub(crate) fn apply_inline_part(
     })
 }
 
+/// [`apply_inline_part`] deciding on `start(word)` instead of the slot's word (a synced fixed
+/// window starts at the other processes' share): what it writes is the decision's next state.
+#[cfg(feature = "redis")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn apply_inline_from(
+    slot: &Inline<'_>,
+    word: u64,
+    now: u64,
+    cost: u64,
+    rule: &Rule,
+    headroom: u64,
+    mode: Mode,
+    start: impl Fn(u64) -> u64,
+) -> Option<Applied> {
+    if mode.is_peek() {
+        let step = decide_word(start(word), now, cost, rule, headroom, mode.previewed());
+        return Some(Applied {
+            decision: step.decision,
+            token: None,
+            retries: 0,
+        });
+    }
+    let step = |s| decide_word(start(s), now, cost, rule, headroom, mode);
+    let (state, written, retries) = swap_loop(slot, word, |s| step(s).next)?;
+    Some(Applied {
+        decision: step(state).decision,
+        token: written.map(|s| token_of(rule.kind, s)),
+        retries,
+    })
+}
+
 /// Takes back from an inline slot a charge that [`apply_inline_part`] admitted (`token`),
 /// starting from `word`, read with the slot's tag. `None` when the slot is no longer the key's
 /// (it was reset or removed: then there is nothing left to take back).

@@ -213,8 +213,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         with_token: bool,
     ) -> Result<Applied, Full> {
         match &self.store {
+            #[cfg(feature = "redis")]
+            Map::Flat(s) if self.shared.is_some() => {
+                self.apply_shared(s, book, key, hash, part, headroom, now, cost, mode)
+            }
             Map::Flat(s) if part.rule.kind != Kind::Log => self.apply_inline(
-                s, book, key, hash, part, headroom, now, cost, mode, with_token,
+                s, book, key, hash, part, headroom, now, cost, mode, with_token, &NoHook,
             ),
             Map::Flat(s) => self.apply_cell(s, book, key, part, headroom, now, cost, mode),
             Map::Dash(s) => self.apply_cell(s, book, key, part, headroom, now, cost, mode),
@@ -224,7 +228,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// [`apply_part`](Self::apply_part) for a word-cell part on the flat store: its slot.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn apply_inline(
+    pub(crate) fn apply_inline(
         &self,
         s: &FlatStore<K>,
         book: &Book,
@@ -236,6 +240,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         cost: u64,
         mode: Mode,
         with_token: bool,
+        hook: &impl StateHook,
     ) -> Result<Applied, Full> {
         let rule = &part.rule;
         let h = rule_hash(hash, part.id);
@@ -243,11 +248,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             match s.find(h) {
                 Found::Inline { slot, tag, word } => {
                     let slot = cell::Inline { slot, tag };
-                    let applied = if with_token {
-                        cell::apply_inline_part(&slot, word, now, cost, rule, headroom, mode)
-                    } else {
-                        cell::apply_inline(&slot, word, now, cost, rule, headroom, mode)
-                    };
+                    let applied = hook.apply(&slot, word, |slot, word| {
+                        if with_token {
+                            cell::apply_inline_part(slot, word, now, cost, rule, headroom, mode)
+                        } else {
+                            cell::apply_inline(slot, word, now, cost, rule, headroom, mode)
+                        }
+                    });
                     if let Some(a) = applied {
                         return Ok(a);
                     }
@@ -257,7 +264,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 // is another key's log state of the same fingerprint: shared, as collisions are.
                 Found::Spilled | Found::Absent => {
                     // A state never seen starts where the plan's previous rules left the key.
-                    let start = self.inherited_word(s, book, hash, part, now);
+                    let start = hook.start(self.inherited_word(s, book, hash, part, now));
                     let step =
                         cell::decide_word(start, now, cost, rule, headroom, mode.previewed());
                     if mode.is_peek() {
@@ -282,6 +289,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                     };
                     if inserted {
                         self.retire_lineage(s, key, part);
+                        if step.next.is_some() {
+                            hook.charged();
+                        }
                         return Ok(Applied {
                             decision: step.decision,
                             token: step.next.map(|w| cell::token_of(rule.kind, w)),
@@ -400,6 +410,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                         let slot = cell::Inline { slot, tag };
                         // A slot removed meanwhile (a reset) holds nothing left to take back.
                         let _ = cell::refund_inline(&slot, word, cost, rule, token, now);
+                        #[cfg(feature = "redis")]
+                        self.refund_shared(key, hash, id, rule, now, cost);
                     }
                 }
                 Map::Flat(s) => {
@@ -463,6 +475,44 @@ impl<K, C> std::fmt::Debug for Bound<'_, K, C> {
 
 mod sealed {
     pub trait Sealed {}
+}
+
+/// What [`Limiter::apply_inline`] does beside the charge itself: nothing ([`NoHook`], every
+/// limiter in process), or a synced limiter's bookkeeping (the word decided on, the units to
+/// push).
+pub(crate) trait StateHook {
+    /// The word a new state starts from.
+    fn start(&self, word: u64) -> u64;
+    /// Runs `apply` (the charge of a known state) or the hook's own version of it.
+    fn apply(
+        &self,
+        slot: &cell::Inline<'_>,
+        word: u64,
+        apply: impl FnOnce(&cell::Inline<'_>, u64) -> Option<Applied>,
+    ) -> Option<Applied>;
+    /// A new state was inserted with a charge.
+    fn charged(&self);
+}
+
+/// No hook: the in-process limiter.
+pub(crate) struct NoHook;
+
+impl StateHook for NoHook {
+    #[inline(always)]
+    fn start(&self, word: u64) -> u64 {
+        word
+    }
+    #[inline(always)]
+    fn apply(
+        &self,
+        slot: &cell::Inline<'_>,
+        word: u64,
+        apply: impl FnOnce(&cell::Inline<'_>, u64) -> Option<Applied>,
+    ) -> Option<Applied> {
+        apply(slot, word)
+    }
+    #[inline(always)]
+    fn charged(&self) {}
 }
 
 /// One part of a compound limit across keys: a [`Bound`] key. Sealed.

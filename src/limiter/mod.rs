@@ -5,6 +5,8 @@
 mod book;
 mod charge;
 mod penalty;
+#[cfg(feature = "redis")]
+mod shared;
 
 use std::hash::Hash;
 use std::marker::PhantomData;
@@ -42,6 +44,9 @@ pub struct Builder<K, C = MonotonicClock> {
     sweep_grace: Duration,
     housekeeping: bool,
     clock: C,
+    /// Synced through Redis (see [`redis_synced`](Builder::redis_synced)).
+    #[cfg(feature = "redis")]
+    redis: Option<crate::redis::RedisSync>,
     key: PhantomData<fn(K)>,
 }
 
@@ -271,6 +276,8 @@ impl<K, C: Clock> Builder<K, C> {
             sweep_grace: self.sweep_grace,
             housekeeping: self.housekeeping,
             clock,
+            #[cfg(feature = "redis")]
+            redis: self.redis,
             key: PhantomData,
         }
     }
@@ -286,6 +293,23 @@ impl<K, C: Clock> Builder<K, C> {
     where
         K: Hash + Eq + Clone + Send + Sync + 'static,
     {
+        #[cfg(feature = "redis")]
+        if self.redis.is_some() {
+            return Err(Error::Config {
+                line: None,
+                message: "a limiter synced through Redis is shared: build it with build_shared()"
+                    .into(),
+            });
+        }
+        self.build_local()
+    }
+
+    /// The limiter of [`build`](Self::build), without its backend's checks.
+    fn build_local(self) -> Result<Limiter<K, C>, Error>
+    where
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+    {
+        let synced = self.synced();
         if self.max_keys == 0 {
             return Err(Error::ZeroMaxKeys);
         }
@@ -307,7 +331,8 @@ impl<K, C: Clock> Builder<K, C> {
             return Err(Error::NoQuota);
         }
         let store = Map::new(self.store, self.shards, self.max_keys, self.on_full);
-        let inline = matches!(store, Map::Flat(_));
+        // A synced limiter charges on the general path only (where its hook is).
+        let inline = matches!(store, Map::Flat(_)) && !synced;
         let book = Book::compile(&plans, self.clock.unix_epoch_ns(), None, inline)?;
         Ok(Limiter {
             store,
@@ -329,7 +354,67 @@ impl<K, C: Clock> Builder<K, C> {
             housekeeping: crate::sync::AtomicBool::new(false),
             evicts: self.on_full == OnFull::EvictFresh,
             last_reclaim: crate::sync::AtomicU64::new(u64::MAX),
+            #[cfg(feature = "redis")]
+            shared: None,
         })
+    }
+
+    /// Whether the limiter is synced through Redis.
+    fn synced(&self) -> bool {
+        #[cfg(feature = "redis")]
+        {
+            self.redis.is_some()
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            false
+        }
+    }
+
+    /// Makes the limiter's states cluster-wide through Redis in synced mode (feature `redis`;
+    /// see [`RedisSync`](crate::redis::RedisSync)); build it with
+    /// [`build_shared`](Self::build_shared).
+    #[cfg(feature = "redis")]
+    pub fn redis_synced(mut self, redis: crate::redis::RedisSync) -> Self {
+        self.redis = Some(redis);
+        self
+    }
+
+    /// Builds the limiter behind an `Arc`, as servers share it. With
+    /// [`redis_synced`](Self::redis_synced), starts its reconciliation rounds on the current
+    /// tokio runtime (so call it inside one; they stop when the last `Arc` is dropped), and
+    /// checks that it can be synced: the flat store, and no sliding log (exact mode only).
+    /// The key's `Display` names it in Redis (braces replaced: the key is the hash tag).
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Quota};
+    /// let limiter = Limiter::<u64>::builder().quota(Quota::per_second(5)).build_shared()?;
+    /// assert!(limiter.check(&1).is_allowed());
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn build_shared(self) -> Result<Arc<Limiter<K, C>>, Error>
+    where
+        K: Hash + Eq + Clone + Send + Sync + std::fmt::Display + 'static,
+    {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis.clone() {
+            let interval = redis.interval;
+            let mut limiter = self.build_local()?;
+            if !matches!(limiter.store, Map::Flat(_)) {
+                return Err(Error::Config {
+                    line: None,
+                    message: "a limiter synced through Redis runs on the flat store".into(),
+                });
+            }
+            shared::check_rules(&limiter.book.current().rules)?;
+            limiter.shared = Some(shared::Shared::new(redis, |k: &K| {
+                k.to_string().replace(['{', '}'], "_")
+            })?);
+            let limiter = Arc::new(limiter);
+            shared::spawn_rounds(&limiter, interval)?;
+            return Ok(limiter);
+        }
+        self.build_local().map(Arc::new)
     }
 }
 
@@ -413,6 +498,9 @@ pub struct Limiter<K, C = MonotonicClock> {
     housekeeping: crate::sync::AtomicBool,
     /// Whether a new state at the cap may take a fresh one's place (`OnFull::EvictFresh`).
     evicts: bool,
+    /// Synced through Redis: the trackers and the rounds' Redis side.
+    #[cfg(feature = "redis")]
+    shared: Option<shared::Shared<K>>,
     /// Clock reading (ns) of the last sweep a new state at the cap ran (see
     /// [`reclaim_at_cap`](Self::reclaim_at_cap)); `u64::MAX` before the first.
     last_reclaim: crate::sync::AtomicU64,
@@ -479,6 +567,8 @@ impl<K> Limiter<K, MonotonicClock> {
             sweep_grace: Duration::from_secs(1),
             housekeeping: true,
             clock: MonotonicClock::new(),
+            #[cfg(feature = "redis")]
+            redis: None,
             key: PhantomData,
         }
     }
@@ -986,14 +1076,30 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             &next,
             self.clock.unix_epoch_ns(),
             Some(self.book.current()),
-            matches!(self.store, Map::Flat(_)),
+            matches!(self.store, Map::Flat(_)) && !self.is_synced(),
         )?;
+        #[cfg(feature = "redis")]
+        if self.is_synced() {
+            shared::check_rules(&book.rules)?;
+        }
         let id = book.by_name[name];
         self.book.install(book);
         *plans = next;
         #[cfg(feature = "tracing")]
         tracing::info!(target: "tollgate", plan = name, "plan changed");
         Ok(id)
+    }
+
+    /// Whether the limiter is synced through Redis ([`Builder::redis_synced`]).
+    pub fn is_synced(&self) -> bool {
+        #[cfg(feature = "redis")]
+        {
+            self.shared.is_some()
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            false
+        }
     }
 
     /// Which store this limiter runs on: the one asked for, or [`StoreKind::Dash`] where a flat

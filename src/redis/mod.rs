@@ -17,11 +17,14 @@
 //! call whose outcome is unknown is never replayed. Every degraded decision is counted in
 //! [`RedisStats`].
 
-mod link;
+mod config;
+pub(crate) mod link;
+pub(crate) mod round;
 mod script;
 mod synced;
 #[cfg(test)]
 mod tests;
+pub(crate) mod track;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +41,7 @@ use crate::sync::{AtomicU64, Ordering};
 use link::{Breaker, BreakerConfig, Gate, Link, Target};
 use script::Call;
 
+pub use config::RedisSync;
 pub use synced::{SyncedBuilder, SyncedLimiter, SyncedStats};
 
 /// What a limiter answers when Redis cannot.

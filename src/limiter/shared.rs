@@ -1,0 +1,442 @@
+//! A limiter whose states are cluster-wide through Redis, in synced mode (feature `redis`,
+//! [`Builder::redis_synced`](super::Builder::redis_synced)).
+//!
+//! Every check decides on the local table, as in process; beside each (key, rule) state a
+//! [`Tracker`] keeps the units admitted here and not yet pushed. A background task runs a
+//! round every interval: it takes every tracked state's units, pushes them to Redis
+//! ([`Reconciler`]: one script call per rule and batch) and writes the global state it gets
+//! back into the state's slot. All of it goes through the general charge path (the short paths
+//! are off for a synced limiter), where [`SyncHook`] is the hook of
+//! [`apply_inline`](super::Limiter::apply_inline).
+
+use std::hash::Hash;
+use std::sync::{Arc, Weak};
+
+use dashmap::DashMap;
+
+use super::book::{Book, PartRule};
+use super::charge::StateHook;
+use super::{Limiter, Map};
+use crate::cell::{self, Applied, Mode};
+use crate::clock::Clock;
+use crate::decision::{Decision, Reason};
+use crate::error::Error;
+use crate::quota::{Kind, Rule};
+use crate::redis::link::{Breaker, Gate, Link};
+use crate::redis::round::{Global, Push, Reconciler};
+use crate::redis::track::{self, Tracker};
+use crate::redis::{FailurePolicy, RedisSync, SyncedStats};
+use crate::store::flat::Found;
+use crate::store::{FlatStore, Full, RuleId, rule_hash};
+use crate::sync::Ordering;
+
+/// A tracked (key, rule): the key (to name it in Redis, and to tell a hash collision) and its
+/// bookkeeping.
+struct Entry<K> {
+    key: K,
+    track: Tracker,
+}
+
+/// What a synced limiter keeps beside its table.
+pub(crate) struct Shared<K> {
+    /// By (key hash, rule): looked up without cloning the key.
+    tracks: DashMap<(u64, RuleId), Entry<K>, ahash::RandomState>,
+    /// The key as Redis names it (its `Display`, braces replaced: the hash tag is the key).
+    name: fn(&K) -> String,
+    sync: Reconciler,
+    prefix: String,
+    policy: FailurePolicy,
+}
+
+impl<K: Hash + Eq + Clone> Shared<K> {
+    pub(crate) fn new(cfg: RedisSync, name: fn(&K) -> String) -> Result<Self, Error> {
+        cfg.validate()?;
+        let target = cfg.target?;
+        Ok(Shared {
+            tracks: DashMap::with_hasher(ahash::RandomState::new()),
+            name,
+            sync: Reconciler::new(Link::new(target), Breaker::new(cfg.breaker), cfg.deadline),
+            prefix: cfg.prefix,
+            policy: cfg.policy,
+        })
+    }
+
+    /// Runs `f` on the tracker of (`key`, `rule`), created on first use. A key whose hash
+    /// another tracked key already holds (a 64-bit collision) is tracked under a second slot;
+    /// past that, not at all (its units then reach Redis through no one: the other processes
+    /// see less, never more, than it admitted).
+    fn with_track<R>(
+        &self,
+        key: &K,
+        hash: u64,
+        rule: RuleId,
+        f: impl FnOnce(&Tracker) -> R,
+    ) -> Option<R> {
+        for h in [hash, hash.rotate_left(32) ^ 0x9E37_79B9_7F4A_7C15] {
+            if let Some(e) = self.tracks.get(&(h, rule)) {
+                if e.key == *key {
+                    return Some(f(&e.track));
+                }
+                continue;
+            }
+            let e = self.tracks.entry((h, rule)).or_insert_with(|| Entry {
+                key: key.clone(),
+                track: Tracker::new(),
+            });
+            if e.key == *key {
+                return Some(f(&e.track));
+            }
+        }
+        None
+    }
+
+    /// The policy's decision while the breaker is open; `None` when the local table decides
+    /// (a closed breaker, or [`FailurePolicy::LocalShare`]).
+    fn degraded(&self, rule: &Rule, now: u64) -> Option<Decision> {
+        if !self.sync.breaker.is_open() {
+            return None;
+        }
+        let d = match self.policy {
+            FailurePolicy::Open => Decision {
+                allowed: true,
+                reason: Reason::Within,
+                limit: rule.capacity,
+                remaining: 0,
+                reset_after_ns: 0,
+                retry_after_ns: 0,
+                delay_ns: 0,
+            },
+            FailurePolicy::Closed => {
+                let wait = self.sync.breaker.wait_ns(now);
+                Decision {
+                    limit: rule.capacity,
+                    reset_after_ns: wait,
+                    ..Decision::denied(Reason::Limited, wait)
+                }
+            }
+            FailurePolicy::LocalShare { .. } => return None,
+        };
+        // Relaxed: a statistic.
+        self.sync.stats.degraded.fetch_add(1, Ordering::Relaxed);
+        Some(d)
+    }
+
+    /// The Redis key of (`key`, `rule`): the key in a hash tag, the rule by its quota (the same
+    /// in every process with the same plans, whatever their rule ids).
+    fn redis_key(&self, key: &K, rule: &Rule) -> String {
+        format!(
+            "{}{{{}}}:{}:{}:{}:{}",
+            self.prefix,
+            (self.name)(key),
+            rule.algorithm.name(),
+            rule.limit,
+            rule.period,
+            rule.capacity
+        )
+    }
+}
+
+/// A synced limiter's hook on a charge: decide from the tracker's start, count what was
+/// admitted.
+struct SyncHook<'a> {
+    track: &'a Tracker,
+    rule: &'a Rule,
+    now: u64,
+    cost: u64,
+    mode: Mode,
+    headroom: u64,
+}
+
+impl StateHook for SyncHook<'_> {
+    fn start(&self, word: u64) -> u64 {
+        self.track.start(self.rule, word, self.now)
+    }
+
+    fn apply(
+        &self,
+        slot: &cell::Inline<'_>,
+        word: u64,
+        _apply: impl FnOnce(&cell::Inline<'_>, u64) -> Option<Applied>,
+    ) -> Option<Applied> {
+        let (track, rule, now) = (self.track, self.rule, self.now);
+        let a = cell::apply_inline_from(
+            slot,
+            word,
+            now,
+            self.cost,
+            rule,
+            self.headroom,
+            self.mode,
+            |w| track.start(rule, w, now),
+        )?;
+        if a.token.is_some() {
+            self.charged();
+        }
+        Some(a)
+    }
+
+    fn charged(&self) {
+        self.track.charged(self.rule, self.now, self.cost);
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// [`apply_part`](Self::apply_part) on a synced limiter: the policy's answer while Redis
+    /// is out of reach, else the charge with the tracker's hook.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn apply_shared(
+        &self,
+        s: &FlatStore<K>,
+        book: &Book,
+        key: &K,
+        hash: u64,
+        part: &PartRule,
+        headroom: u64,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Applied, Full> {
+        let sh = self
+            .shared
+            .as_ref()
+            .expect("apply_shared on a synced limiter");
+        if let Some(decision) = sh.degraded(&part.rule, now) {
+            return Ok(Applied {
+                decision,
+                token: None,
+                retries: 0,
+            });
+        }
+        let charged = sh.with_track(key, hash, part.id, |track| {
+            if !mode.is_peek() {
+                track.checked();
+            }
+            let hook = SyncHook {
+                track,
+                rule: &part.rule,
+                now,
+                cost,
+                mode,
+                headroom,
+            };
+            self.apply_inline(
+                s, book, key, hash, part, headroom, now, cost, mode, true, &hook,
+            )
+        });
+        match charged {
+            Some(a) => a,
+            None => self.apply_inline(
+                s,
+                book,
+                key,
+                hash,
+                part,
+                headroom,
+                now,
+                cost,
+                mode,
+                true,
+                &super::charge::NoHook,
+            ),
+        }
+    }
+
+    /// A refund of `cost` on (`key`, `rule`) at `now`: the units come off what is still to push.
+    pub(crate) fn refund_shared(
+        &self,
+        key: &K,
+        hash: u64,
+        rule_id: RuleId,
+        rule: &Rule,
+        now: u64,
+        cost: u64,
+    ) {
+        if let Some(sh) = &self.shared {
+            sh.with_track(key, hash, rule_id, |t| t.refunded(rule, now, cost));
+        }
+    }
+
+    /// Synced mode's counters; `None` for a limiter in process only.
+    pub fn synced_stats(&self) -> Option<SyncedStats> {
+        let sh = self.shared.as_ref()?;
+        let c = &sh.sync.stats;
+        // Relaxed (all): a snapshot of statistics.
+        let r = |a: &crate::sync::AtomicU64| a.load(Ordering::Relaxed);
+        Some(SyncedStats {
+            rounds: r(&c.rounds),
+            failed_rounds: r(&c.failed_rounds),
+            keys_synced: r(&c.keys_synced),
+            units_pushed: r(&c.units_pushed),
+            units_unconfirmed: r(&c.units_unconfirmed),
+            degraded: r(&c.degraded),
+            evicted: r(&c.evicted),
+            keys: sh.tracks.len() as u64,
+        })
+    }
+
+    /// Runs one reconciliation round now (the background task runs them on the interval);
+    /// nothing for a limiter in process only.
+    pub async fn sync_now(&self) {
+        self.sync_round().await;
+    }
+
+    /// One round: every tracked state's units pushed, the global states written into the
+    /// slots, the trackers of idle states that are back to fresh dropped.
+    async fn sync_round(&self) {
+        let (Some(sh), Map::Flat(s)) = (&self.shared, &self.store) else {
+            return;
+        };
+        let now = self.clock.now();
+        let gate = sh.sync.breaker.gate(now);
+        if gate == Gate::Shut {
+            return;
+        }
+        let book = self.book.current();
+        let rules = &book.rules;
+        // Take the work, grouped by rule (one script call per rule and batch).
+        let mut work: Vec<(RuleId, u64, K, track::Units)> = Vec::new();
+        let mut idle: Vec<(u64, RuleId)> = Vec::new();
+        for e in sh.tracks.iter() {
+            let &(h, id) = e.key();
+            let rule = &rules[usize::from(id)];
+            match e.value().track.take(rule, track::window(rule, now)) {
+                Some(units) => work.push((id, h, e.value().key.clone(), units)),
+                None => idle.push((h, id)),
+            }
+        }
+        work.sort_unstable_by_key(|w| w.0);
+        for (h, id) in idle {
+            let rule = &rules[usize::from(id)];
+            // Under the shard's write lock: a check that races the removal either lands before
+            // it (the tracker is then not idle) or after it, on a new tracker.
+            let removed = sh.tracks.remove_if(&(h, id), |_, e| {
+                let state = match s.find(rule_hash(s.hash(&e.key), id)) {
+                    Found::Inline { word, .. } => word,
+                    _ => 0,
+                };
+                e.track.is_idle() && track::is_fresh(rule, state, now)
+            });
+            if removed.is_some() {
+                // Relaxed: a statistic.
+                sh.sync.stats.evicted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let pushes: Vec<Push<'_>> = work
+            .iter()
+            .map(|(id, _, k, units)| {
+                let rule = &rules[usize::from(*id)];
+                Push {
+                    key: sh.redis_key(k, rule),
+                    rule,
+                    units: *units,
+                }
+            })
+            .collect();
+        let adopt = |i: usize, global: Global| {
+            let (id, h, k, _) = &work[i];
+            let rule = &rules[usize::from(*id)];
+            sh.with_track(k, *h, *id, |t| self.adopt(s, k, *id, rule, t, global));
+        };
+        let give_back = |i: usize| {
+            let (id, h, k, units) = &work[i];
+            let rule = &rules[usize::from(*id)];
+            sh.with_track(k, *h, *id, |t| t.give_back(rule, units))
+                .unwrap_or(units[0].1 + units[1].1)
+        };
+        sh.sync
+            .push(
+                gate,
+                now,
+                self.clock.unix_epoch_ns(),
+                &pushes,
+                adopt,
+                give_back,
+            )
+            .await;
+    }
+
+    /// Writes a round's global state into (`key`, `rule`)'s slot (nothing when the state is
+    /// gone: swept or evicted meanwhile).
+    fn adopt(
+        &self,
+        s: &FlatStore<K>,
+        key: &K,
+        id: RuleId,
+        rule: &Rule,
+        t: &Tracker,
+        global: Global,
+    ) {
+        let h = rule_hash(s.hash(key), id);
+        let Found::Inline {
+            slot,
+            tag,
+            mut word,
+        } = s.find(h)
+        else {
+            return;
+        };
+        loop {
+            let next = match global {
+                Global::Debt(debt) => Some(t.adopt_gcra(rule, self.clock.now(), debt)),
+                Global::Counts { window, cur, prev } => {
+                    t.adopt_window(rule, word, window, cur, prev)
+                }
+            };
+            let Some(next) = next else { return };
+            // AcqRel: ordered with every charge of the slot; the tag makes sure the slot still
+            // holds this key's state (a removal and a reuse change it).
+            match slot.compare_exchange(
+                (tag, word),
+                (tag, next),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(()) => return,
+                Err((t2, w2)) if t2 == tag => word = w2,
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// Starts a synced limiter's rounds on the current tokio runtime: one every `interval` while
+/// the limiter lives.
+pub(crate) fn spawn_rounds<K, C>(
+    limiter: &Arc<Limiter<K, C>>,
+    interval: std::time::Duration,
+) -> Result<(), Error>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Config {
+        line: None,
+        message: "a limiter synced through Redis is built inside a tokio runtime".into(),
+    })?;
+    let weak: Weak<Limiter<K, C>> = Arc::downgrade(limiter);
+    runtime.spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(l) = weak.upgrade() else { return };
+            l.sync_round().await;
+        }
+    });
+    Ok(())
+}
+
+/// Whether a rule can be synced (a sliding log cannot: it keeps every request's time).
+pub(crate) fn check_rules(rules: &[Rule]) -> Result<(), Error> {
+    match rules.iter().find(|r| r.kind == Kind::Log) {
+        Some(r) => Err(Error::Config {
+            line: None,
+            message: format!(
+                "a limiter synced through Redis runs token and leaky buckets, fixed windows and \
+                 sliding window counters, not {} (use RedisLimiter, exact mode)",
+                r.algorithm.name()
+            ),
+        }),
+        None => Ok(()),
+    }
+}

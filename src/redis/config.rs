@@ -1,0 +1,152 @@
+//! [`RedisSync`]: how a [`Limiter`](crate::Limiter) keeps its states cluster-wide through Redis.
+
+use std::time::Duration;
+
+use super::FailurePolicy;
+use super::link::{BreakerConfig, Target};
+use crate::error::Error;
+
+/// Makes every state of a [`Limiter`](crate::Limiter) (each plan's, each quota's, each key's)
+/// cluster-wide through Redis in synced mode: checks decide on the local table at in-process
+/// speed, and a background task pushes what each (key, quota) admitted here to Redis every
+/// `interval` and adopts the global state it gets back. Plans, `check_in`, compound plans,
+/// tiers, `check_all`, `peek`, `reserve`, the strategies and the stats work as in process, with
+/// each algorithm's over-admission bound (see [`SyncedLimiter`](super::SyncedLimiter)); sliding
+/// logs are exact mode only (a construction error here).
+///
+/// Set it with [`Builder::redis_synced`](crate::Builder::redis_synced) and build with
+/// [`Builder::build_shared`](crate::Builder::build_shared) inside a tokio runtime.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), tollgate::Error> {
+/// use std::time::Duration;
+/// use tollgate::{Limiter, Plan, Quota};
+/// use tollgate::redis::{FailurePolicy, RedisSync};
+/// let limiter = Limiter::<String>::builder()
+///     .quota(Quota::per_minute(100))
+///     .plan("pro", Plan::new([Quota::per_second(50), Quota::per_day(100_000)]))
+///     .redis_synced(
+///         RedisSync::new("redis://10.0.0.5:6379/")
+///             .interval(Duration::from_millis(50))
+///             .on_failure(FailurePolicy::Closed),
+///     )
+///     .build_shared()?;
+/// let pro = limiter.plan("pro").unwrap();
+/// assert!(limiter.check_in(&"tenant-7".to_string(), pro, 1)?.is_allowed());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisSync {
+    pub(crate) target: Result<Target, Error>,
+    pub(crate) interval: Duration,
+    pub(crate) prefix: String,
+    pub(crate) deadline: Duration,
+    pub(crate) policy: FailurePolicy,
+    pub(crate) breaker: BreakerConfig,
+}
+
+impl RedisSync {
+    /// One Redis server (or a Valkey), e.g. `redis://127.0.0.1:6379/`; a malformed URL is an
+    /// [`Error::Config`] from `build_shared`.
+    pub fn new(url: &str) -> Self {
+        Self::with_target(Target::single(url))
+    }
+
+    /// A Redis Cluster, from one or more seed nodes: each (key, quota) is reconciled with its
+    /// own script call, all in flight at once.
+    pub fn cluster(nodes: &[&str]) -> Self {
+        Self::with_target(Target::cluster(nodes, Duration::from_millis(100)))
+    }
+
+    fn with_target(target: Result<Target, Error>) -> Self {
+        RedisSync {
+            target,
+            interval: Duration::from_millis(100),
+            prefix: "tollgate:".into(),
+            deadline: Duration::from_millis(100),
+            policy: FailurePolicy::Closed,
+            breaker: BreakerConfig {
+                threshold: 3,
+                min_backoff_ns: 100_000_000,
+                max_backoff_ns: 5_000_000_000,
+            },
+        }
+    }
+
+    /// How often the background task reconciles (default 100 ms). The over-admission bounds
+    /// grow with it.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// The prefix of every key written (default `tollgate:`). Limiters with different plans on
+    /// one Redis need different prefixes; processes that share limits share one.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long a round may wait for Redis before it counts as failed (default 100 ms).
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// What answers while Redis cannot (the breaker is open; default
+    /// [`FailurePolicy::Closed`]): `Closed` denies, `Open` admits, `LocalShare` keeps the local
+    /// table deciding alone.
+    pub fn on_failure(mut self, policy: FailurePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The circuit breaker: opens after `threshold` consecutive failed rounds, then probes after
+    /// `min_backoff`, doubling up to `max_backoff` while probes fail (defaults 3, 100 ms, 5 s).
+    pub fn breaker(mut self, threshold: u64, min_backoff: Duration, max_backoff: Duration) -> Self {
+        let min = crate::clock::nanos(min_backoff).max(1);
+        self.breaker = BreakerConfig {
+            threshold: threshold.max(1),
+            min_backoff_ns: min,
+            max_backoff_ns: crate::clock::nanos(max_backoff).max(min),
+        };
+        self
+    }
+
+    /// Checks the settings.
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        let bad = |message: String| {
+            Err(Error::Config {
+                line: None,
+                message,
+            })
+        };
+        if self.interval.is_zero() {
+            return bad("redis sync interval is 0".into());
+        }
+        if self.deadline.is_zero() {
+            return bad("redis deadline is 0: a round needs some time to reach Redis".into());
+        }
+        if self.prefix.contains(['{', '}']) {
+            return bad(format!(
+                "redis prefix '{}' contains a brace: the hash tag must be the key's own",
+                self.prefix
+            ));
+        }
+        if let Err(e) = &self.target {
+            return Err(e.clone());
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for RedisSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSync")
+            .field("interval", &self.interval)
+            .field("prefix", &self.prefix)
+            .field("deadline", &self.deadline)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
