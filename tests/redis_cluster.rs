@@ -1,6 +1,7 @@
 //! Exact mode on a real 3-master Redis Cluster (`redis-cli --cluster create` on loopback):
 //! compound limits keep their parts in one slot and stay all-or-nothing and exact; synced mode
-//! shares keys that live on different masters.
+//! (a `SyncedLimiter`, and a `Limiter` with plans synced through the cluster) shares keys that
+//! live on different masters.
 #![cfg(feature = "redis")]
 
 mod redis_support;
@@ -11,8 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis_support::RedisCluster;
-use tollgate::redis::{RedisLimiter, Source, SyncedLimiter};
-use tollgate::{Algorithm, Quota};
+use tollgate::redis::{RedisLimiter, RedisSync, Source, SyncedLimiter};
+use tollgate::{Algorithm, Limiter, Plan, Quota};
 
 #[test]
 fn compound_limits_on_a_three_master_cluster() {
@@ -123,6 +124,80 @@ fn compound_limits_on_a_three_master_cluster() {
     assert_eq!(st.degraded() + st.mismatches, 0, "{st:?}");
 
     synced_on_the_cluster(&cluster, &seeds, &rt);
+    limiter_on_the_cluster(&seeds, &rt);
+}
+
+/// A `Limiter` synced through the cluster (`RedisSync::cluster`): three limiters with the same
+/// plans share a compound plan's keys, which live on different masters, within the bound of
+/// its binding part.
+fn limiter_on_the_cluster(seeds: &[&str], rt: &tokio::runtime::Runtime) {
+    const RATE: u64 = 100;
+    const BURST: u64 = 10;
+    const KEYS: usize = 4;
+    let interval = Duration::from_millis(50);
+    let limiters: Vec<Arc<Limiter<String>>> = {
+        let _g = rt.enter();
+        (0..3)
+            .map(|_| {
+                Limiter::<String>::builder()
+                    .quota(Quota::per_second(1))
+                    .plan(
+                        "api",
+                        Plan::new([
+                            Quota::per_second(RATE).burst(BURST),
+                            Quota::per_hour(100_000),
+                        ]),
+                    )
+                    .redis_synced(RedisSync::cluster(seeds).prefix("cl:").interval(interval))
+                    .build_shared()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let api = limiters[0].plan("api").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let threads: Vec<_> = limiters
+        .iter()
+        .map(|l| {
+            let (l, stop) = (Arc::clone(l), stop.clone());
+            std::thread::spawn(move || {
+                let mut admitted = [0u64; KEYS];
+                while !stop.load(Ordering::Relaxed) {
+                    for (k, a) in admitted.iter_mut().enumerate() {
+                        if l.check_in(&format!("key{k}"), api, 1).unwrap().is_allowed() {
+                            *a += 1;
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+                admitted
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let mut totals = [0u64; KEYS];
+    for t in threads {
+        for (k, a) in t.join().unwrap().iter().enumerate() {
+            totals[k] += a;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let exact = BURST as f64 + RATE as f64 * secs;
+    let bound = exact + 2.0 * (BURST as f64 + RATE as f64 * (interval.as_secs_f64() + 0.05));
+    let stats: Vec<_> = limiters.iter().map(|l| l.synced_stats().unwrap()).collect();
+    eprintln!(
+        "a Limiter synced on the cluster: {totals:?} admitted per key, exact {exact:.0}, bound {bound:.0}; {stats:?}"
+    );
+    for (k, &t) in totals.iter().enumerate() {
+        assert!((t as f64) <= bound, "key{k}: {t} > {bound:.0}");
+        assert!((t as f64) < exact * 1.5, "key{k}: {t}: not shared");
+        assert!((t as f64) >= exact * 0.8, "key{k}: {t}: under-admitted");
+    }
+    for s in &stats {
+        assert!(s.rounds >= 10 && s.failed_rounds <= 2, "{s:?}");
+    }
 }
 
 /// Synced mode on the same cluster: three engines share keys that live on different masters,

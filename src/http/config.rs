@@ -189,6 +189,9 @@ pub struct HttpConfig {
     pub(crate) sweep_interval: Option<Duration>,
     pub(crate) exempt: TrustedProxies,
     pub(crate) exempt_keys: HashSet<String>,
+    /// Every limit cluster-wide through Redis (the `[redis]` table; feature `redis`).
+    #[cfg(feature = "redis")]
+    pub(crate) redis: Option<crate::redis::RedisSync>,
 }
 
 impl HttpConfig {
@@ -233,6 +236,8 @@ impl HttpConfig {
             sweep_interval: Some(Duration::from_secs(10)),
             exempt: TrustedProxies::none(),
             exempt_keys: HashSet::new(),
+            #[cfg(feature = "redis")]
+            redis: None,
         }
     }
 
@@ -244,6 +249,9 @@ impl HttpConfig {
         let mut config = HttpConfig::new(plans.into_plans());
         if let Some(http) = file.http {
             Ctx { src }.apply(&mut config, http)?;
+        }
+        if let Some(redis) = file.redis {
+            Ctx { src }.apply_redis(&mut config, redis)?;
         }
         config.validate()?;
         Ok(config)
@@ -257,6 +265,16 @@ impl HttpConfig {
             message: format!("{}: {e}", path.display()),
         })?;
         Self::parse(&src)
+    }
+
+    /// Every plan, rule and tier cluster-wide through Redis, in synced mode (feature `redis`;
+    /// the `[redis]` table in TOML): each process decides locally and reconciles every
+    /// interval (see [`RedisSync`](crate::redis::RedisSync)). The layer is then built inside a
+    /// tokio runtime.
+    #[cfg(feature = "redis")]
+    pub fn redis(mut self, redis: crate::redis::RedisSync) -> Self {
+        self.redis = Some(redis);
+        self
     }
 
     /// The plan for clients the resolver says nothing about (default: the first plan).
@@ -407,6 +425,22 @@ struct RawFile {
     // Not `Spanned`: toml cannot span a table that only dotted headers create
     // (`[[http.routes]]` or `[http.global]` with no `[http]` line), and the fields carry their own.
     http: Option<RawHttp>,
+    redis: Option<Spanned<RawRedis>>,
+}
+
+/// The `[redis]` table: every plan, rule and tier cluster-wide.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+struct RawRedis {
+    url: Option<Spanned<String>>,
+    nodes: Option<Spanned<Vec<String>>>,
+    mode: Option<Spanned<String>>,
+    interval: Option<Spanned<String>>,
+    on_failure: Option<Spanned<String>>,
+    local_share_nodes: Option<Spanned<i64>>,
+    deadline: Option<Spanned<String>>,
+    prefix: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -450,6 +484,106 @@ struct RawRule {
 }
 
 impl Ctx<'_> {
+    /// The `[redis]` table: `url` or `nodes`, `mode = "synced"` (the default) with `interval`,
+    /// `on_failure`, `deadline`, `prefix`. `mode = "exact"` is not served by the layer yet.
+    fn apply_redis(&self, c: &mut HttpConfig, raw: Spanned<RawRedis>) -> Result<(), Error> {
+        let at = raw.span().start;
+        let raw = raw.into_inner();
+        if let Some(m) = &raw.mode {
+            match m.get_ref().as_str() {
+                "synced" => {}
+                "exact" => {
+                    return self.err(
+                        m.span().start,
+                        "redis.mode",
+                        "\"exact\" is not served by the HTTP layer yet (it needs an async \
+                         charge per request): use \"synced\", or RedisLimiter in code",
+                    );
+                }
+                other => {
+                    return self.err(
+                        m.span().start,
+                        "redis.mode",
+                        format!("unknown mode '{other}' (expected synced or exact)"),
+                    );
+                }
+            }
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            let _ = c;
+            self.err(
+                at,
+                "redis",
+                "this build has no Redis support (feature `redis`)",
+            )
+        }
+        #[cfg(feature = "redis")]
+        {
+            use crate::redis::{FailurePolicy, RedisSync};
+            let mut sync = match (&raw.url, &raw.nodes) {
+                (Some(u), None) => RedisSync::new(u.get_ref()),
+                (None, Some(n)) => {
+                    let nodes: Vec<&str> = n.get_ref().iter().map(String::as_str).collect();
+                    RedisSync::cluster(&nodes)
+                }
+                _ => return self.err(at, "redis", "exactly one of `url` or `nodes`"),
+            };
+            let duration =
+                |v: &Spanned<String>, field: &str| match crate::plan::parse_duration(v.get_ref()) {
+                    Some(d) if !d.is_zero() => Ok(d),
+                    _ => self.err(v.span().start, field, "a positive duration like \"50ms\""),
+                };
+            if let Some(i) = &raw.interval {
+                sync = sync.interval(duration(i, "redis.interval")?);
+            }
+            if let Some(d) = &raw.deadline {
+                sync = sync.deadline(duration(d, "redis.deadline")?);
+            }
+            if let Some(p) = raw.prefix {
+                sync = sync.prefix(p);
+            }
+            if let Some(f) = &raw.on_failure {
+                let policy = match f.get_ref().as_str() {
+                    "closed" => FailurePolicy::Closed,
+                    "open" => FailurePolicy::Open,
+                    "local_share" => {
+                        let nodes = raw.local_share_nodes.as_ref().map_or(Ok(1), |n| {
+                            u64::try_from(*n.get_ref())
+                                .ok()
+                                .filter(|&n| n > 0)
+                                .map_or_else(
+                                    || {
+                                        self.err(
+                                            n.span().start,
+                                            "redis.local_share_nodes",
+                                            "a positive number of processes",
+                                        )
+                                    },
+                                    Ok,
+                                )
+                        })?;
+                        FailurePolicy::LocalShare { nodes }
+                    }
+                    other => {
+                        return self.err(
+                            f.span().start,
+                            "redis.on_failure",
+                            format!(
+                                "unknown policy '{other}' (expected closed, open or local_share)"
+                            ),
+                        );
+                    }
+                };
+                sync = sync.on_failure(policy);
+            }
+            sync.validate()
+                .or_else(|e| self.err(at, "redis", e.to_string()))?;
+            c.redis = Some(sync);
+            Ok(())
+        }
+    }
+
     fn known_plan(
         &self,
         config: &HttpConfig,

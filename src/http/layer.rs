@@ -46,6 +46,17 @@ pub struct HttpKey {
     pub client: ClientKey,
 }
 
+/// How Redis names the key (synced mode): the client for its own plan, `r<i>:` and the client
+/// for the i-th rule.
+impl std::fmt::Display for HttpKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.rule {
+            None => write!(f, "{}", self.client),
+            Some(i) => write!(f, "r{i}:{}", self.client),
+        }
+    }
+}
+
 /// A resolver's answer: the plan name, or `None` for the default plan.
 pub type PlanFuture = Pin<Box<dyn Future<Output = Option<String>> + Send + 'static>>;
 
@@ -231,7 +242,11 @@ impl<C: Clock> RateLimitLayer<C> {
         for (name, plan) in &config.plans {
             builder = builder.plan(name.clone(), plan.clone());
         }
-        let limiter = Arc::new(builder.build()?);
+        #[cfg(feature = "redis")]
+        if let Some(redis) = config.redis.clone() {
+            builder = builder.redis_synced(redis);
+        }
+        let limiter = builder.build_shared()?;
         let id = |name: &str| {
             limiter
                 .plan(name)

@@ -19,13 +19,17 @@ pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
     })?;
     let config = HttpConfig::from_file(config)
         .map_err(|e| Fail::Run(format!("cannot load '{config}': {e}")))?;
-    let layer = RateLimitLayer::new(config)
-        .map_err(|e| Fail::Run(format!("cannot build the limiter: {e}")))?;
-    let plans = layer.limiter().plan_names().join(", ");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Fail::Run(format!("cannot start the runtime: {e}")))?;
+    // Inside the runtime: with a `[redis]` table the limiter starts its rounds on it.
+    let layer = {
+        let _in_runtime = runtime.enter();
+        RateLimitLayer::new(config)
+            .map_err(|e| Fail::Run(format!("cannot build the limiter: {e}")))?
+    };
+    let plans = layer.limiter().plan_names().join(", ");
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
             .await

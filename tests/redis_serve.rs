@@ -1,0 +1,158 @@
+//! Three `tollgate serve` processes on loopback behind one redis-server, with one plan keyed by
+//! IP and a `[redis]` table in the same TOML: requests spread over them are admitted as by one
+//! process, within synced mode's bound; and Redis killed while they serve answers by the
+//! configured policy (closed: 429, open: 200), then they decide again after a restart.
+#![cfg(all(feature = "redis", feature = "http", feature = "cli"))]
+
+mod redis_support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis_support::{RedisServer, free_port};
+
+/// A `tollgate serve` process, killed when dropped.
+struct Serve {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `tollgate serve` on `config`, and waits until it listens.
+fn serve(config: &std::path::Path) -> Serve {
+    let port = free_port(false);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start tollgate serve");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.contains("listening"), "tollgate serve said: {line}");
+    // Keep reading what it prints, so it never writes into a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    Serve { child, port }
+}
+
+/// The status of `GET /` from 127.0.0.1 (one connection per request).
+fn status(port: u16) -> u16 {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {reply:?}"))
+}
+
+/// A config file for one plan of `limit` a minute keyed by IP, synced through `redis`.
+fn config(
+    dir: &std::path::Path,
+    test: &str,
+    redis: &RedisServer,
+    limit: u64,
+    on_failure: &str,
+) -> std::path::PathBuf {
+    let path = dir.join(format!(
+        "serve-{test}-{on_failure}-{}.toml",
+        std::process::id()
+    ));
+    std::fs::write(
+        &path,
+        format!(
+            "[plans.free]\nlimit = {limit}\nwindow = \"1m\"\n\n[http]\nkey = \"ip\"\nheaders = \"github\"\n\n\
+             [redis]\nurl = \"{}\"\nmode = \"synced\"\ninterval = \"20ms\"\ndeadline = \"20ms\"\n\
+             on_failure = \"{on_failure}\"\nprefix = \"serve-{on_failure}:\"\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Requests spread over three processes, each a little more than a round apart: the plan's
+/// limit, then 429s, within the documented bound `limit + (N - 1) * min(burst, d)`, `d` = 1
+/// here: a process decides its first request for a key on a fresh local state (it has no
+/// global state of a key it never saw), so each of the other two may admit one more.
+#[test]
+fn three_serve_processes_share_one_plan() {
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir();
+    let cfg = config(&dir, "share", &redis, 10, "closed");
+    let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
+    let mut admitted = 0;
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        let code = status(servers[i % 3].port);
+        statuses.push(code);
+        if code == 200 {
+            admitted += 1;
+        } else {
+            assert_eq!(code, 429);
+        }
+        std::thread::sleep(Duration::from_millis(60));
+    }
+    eprintln!("three serve processes, 10 a minute by IP: {admitted} of 30 admitted: {statuses:?}");
+    assert!((10..=12).contains(&admitted), "{admitted}: {statuses:?}");
+    assert!(statuses[20..].iter().all(|&c| c == 429), "{statuses:?}");
+}
+
+/// Redis killed while three processes serve: the policy answers (closed: 429 for a client with
+/// room left; open: 200 for one without), and after a restart the processes decide again.
+#[test]
+fn killing_redis_answers_by_each_policy() {
+    for (policy, want) in [("closed", 429), ("open", 200)] {
+        let mut redis = RedisServer::start();
+        let dir = std::env::temp_dir();
+        // Closed: room for many; open: room for none once spent (1 a minute).
+        let limit = if policy == "closed" { 1000 } else { 1 };
+        let cfg = config(&dir, "kill", &redis, limit, policy);
+        let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
+        for s in &servers {
+            let _ = status(s.port);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        redis.kill();
+        // Rounds fail, the breaker opens (3 failed rounds of 20 ms), the policy answers.
+        let t = Instant::now();
+        let mut seen = Vec::new();
+        loop {
+            let codes: Vec<u16> = servers.iter().map(|s| status(s.port)).collect();
+            if codes.iter().all(|&c| c == want) {
+                break;
+            }
+            seen.push(codes);
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "{policy}: the policy never answered: {seen:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        redis.restart();
+        // After the restart Redis has no state: the processes decide again (closed: admitted).
+        if policy == "closed" {
+            let t = Instant::now();
+            while !servers.iter().all(|s| status(s.port) == 200) {
+                assert!(t.elapsed() < Duration::from_secs(10), "closed: no recovery");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        eprintln!("{policy}: Redis killed, every process answered {want}; recovered");
+    }
+}
