@@ -1,8 +1,6 @@
 //! Header values and bodies: Unix seconds, RFC 3339, JSON strings, structured-field strings.
 //! Integer arithmetic only.
 
-use std::fmt::Write as _;
-
 const NS_PER_S: u64 = 1_000_000_000;
 
 /// Whole seconds, rounded up: a client told to wait `ceil` seconds never retries too early.
@@ -41,27 +39,6 @@ pub(crate) fn rfc3339(unix_secs: u64) -> String {
     let mo = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(mo <= 2);
     format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}Z")
-}
-
-/// `text` as a JSON string literal, quotes included.
-pub(crate) fn json_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// `text` as a structured-field string (RFC 8941 sf-string): printable ASCII only, `"` and `\`
@@ -155,7 +132,6 @@ mod tests {
             unix_secs_at(1_700_000_000_000_000_000, 500_000_000, 0),
             1_700_000_001
         );
-        assert_eq!(json_string("a\"b\\c\n\u{1}é"), "\"a\\\"b\\\\c\\n\\u0001é\"");
         assert_eq!(sf_string("pro \"x\"\\é"), "\"pro \\\"x\\\"\\\\_\"");
         assert_eq!(period_words(3_600_000_000_000), "hour");
         assert_eq!(period_words(10_000_000_000), "10 seconds");

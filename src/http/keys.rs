@@ -4,12 +4,16 @@
 //! Everything here is a pure function of its inputs (no I/O, no clock), so a fuzz target can
 //! drive it with hostile bytes (`fuzz/fuzz_targets/keys.rs`). Nothing panics on any input: a
 //! missing or malformed source is a [`KeyError`], and the layer applies the configured
-//! [`OnBadKey`] behaviour.
+//! [`OnBadKey`] behaviour. Networks are ipnet's; the header parsing and the walk back through
+//! trusted proxies are written here, not taken from a crate: they are this layer's trust
+//! boundary, fuzzed as one with the walk, and no crate walks from the right, stops at the first
+//! untrusted hop and treats a malformed hop as the end of trust.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use http::HeaderMap;
+use ipnet::IpNet;
 
 use crate::error::Error;
 use crate::ip::client_ip_key;
@@ -136,14 +140,6 @@ pub enum ForwardedHeader {
     None,
 }
 
-/// One network: an address and a prefix length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Net {
-    addr: u128,
-    mask: u128,
-    v4: bool,
-}
-
 /// The proxies whose forwarding headers are believed: addresses and CIDR networks.
 ///
 /// ```
@@ -159,7 +155,7 @@ struct Net {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrustedProxies {
-    nets: Vec<Net>,
+    nets: Vec<IpNet>,
 }
 
 impl TrustedProxies {
@@ -181,10 +177,8 @@ impl TrustedProxies {
 
     /// True when `ip` (IPv4-mapped IPv6 folded to IPv4) lies in one of the networks.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        let (addr, v4) = bits(fold(ip));
-        self.nets
-            .iter()
-            .any(|n| n.v4 == v4 && addr & n.mask == n.addr)
+        let ip = fold(ip);
+        self.nets.iter().any(|n| n.contains(&ip))
     }
 
     /// True when no proxy is trusted.
@@ -193,7 +187,10 @@ impl TrustedProxies {
     }
 }
 
-fn parse_net(text: &str) -> Result<Net, Error> {
+/// One address or network (ipnet's `IpNet`), with the reason in words when it is not one: the
+/// address is parsed and folded first (an IPv4-mapped network is an IPv4 one), so the prefix
+/// length is checked against the folded address's width.
+fn parse_net(text: &str) -> Result<IpNet, Error> {
     let bad = |why: String| Error::Config {
         line: None,
         message: format!("trusted_proxies: '{text}': {why}"),
@@ -205,33 +202,22 @@ fn parse_net(text: &str) -> Result<Net, Error> {
     let ip: IpAddr = addr
         .parse()
         .map_err(|_| bad("not an IP address or CIDR network".into()))?;
-    let (bits_, v4) = bits(fold(ip));
-    let width: u32 = if v4 { 32 } else { 128 };
+    let ip = fold(ip);
+    let width: u32 = if ip.is_ipv4() { 32 } else { 128 };
     let len: u32 = match len {
         None => width,
         Some(l) => l
             .parse()
             .map_err(|_| bad(format!("prefix length '{l}' is not a number")))?,
     };
-    if len > width {
-        return Err(bad(format!("prefix length {len} is above {width}")));
-    }
-    // The mask over the address's own width (v4 addresses live in the low 32 bits).
-    let full: u128 = if v4 { u128::from(u32::MAX) } else { u128::MAX };
-    let host_bits = width - len;
-    let mask = if host_bits >= 128 {
-        0
-    } else {
-        full & !((1u128 << host_bits) - 1)
-    };
-    if bits_ & !mask != 0 {
+    let net = u8::try_from(len)
+        .ok()
+        .and_then(|l| IpNet::new(ip, l).ok())
+        .ok_or_else(|| bad(format!("prefix length {len} is above {width}")))?;
+    if net.trunc() != net {
         return Err(bad(format!("host bits are set below the /{len} prefix")));
     }
-    Ok(Net {
-        addr: bits_,
-        mask,
-        v4,
-    })
+    Ok(net)
 }
 
 /// IPv4-mapped IPv6 as IPv4; everything else unchanged.
@@ -239,13 +225,6 @@ fn fold(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
         v4 => v4,
-    }
-}
-
-fn bits(ip: IpAddr) -> (u128, bool) {
-    match ip {
-        IpAddr::V4(v4) => (u128::from(u32::from(v4)), true),
-        IpAddr::V6(v6) => (u128::from(v6), false),
     }
 }
 

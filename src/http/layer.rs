@@ -996,10 +996,12 @@ impl<C: Clock> RateLimitLayer<C> {
                 c.detailed.now,
                 d.retry_after_ns(),
             ));
-            let body = format!(
-                "{{\"error\":\"Rate limit exceeded\",\"message\":{},\"reset_at\":\"{reset_at}\"}}",
-                format::json_string(&message)
-            );
+            let body = serde_json::json!({
+                "error": "Rate limit exceeded",
+                "message": message,
+                "reset_at": reset_at,
+            })
+            .to_string();
             let mut resp = Response::new(Full::new(Bytes::from(body)));
             *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             resp.headers_mut().insert(
@@ -1174,11 +1176,7 @@ fn reject(
     if grpc::is_grpc(parts) {
         return grpc::status(grpc_code, &format!("{error}: {message}"), None);
     }
-    let body = format!(
-        "{{\"error\":{},\"message\":{}}}",
-        format::json_string(error),
-        format::json_string(message)
-    );
+    let body = serde_json::json!({ "error": error, "message": message }).to_string();
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
     resp.headers_mut().insert(

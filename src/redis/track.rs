@@ -135,9 +135,10 @@ impl Tracker {
         }
     }
 
-    /// Takes back `cost` units of a charge at `charged_at` that was refunded (while they are
-    /// still pending; units already pushed stay counted globally, the stricter side).
-    pub(crate) fn refunded(&self, rule: &Rule, charged_at: u64, cost: u64) {
+    /// Takes back `cost` units refunded at `at` from what is still to push: for a window
+    /// algorithm, only from the window `at` falls in (a refund after its window ended, or of
+    /// units already pushed, leaves them counted globally: the stricter side).
+    pub(crate) fn refunded(&self, rule: &Rule, at: u64, cost: u64) {
         if rule.kind == Kind::Gcra {
             // AcqRel/Acquire: as the add in `charged`.
             let _ = self
@@ -147,7 +148,7 @@ impl Tracker {
                 });
             return;
         }
-        let id = window(rule, charged_at) & WINDOW_MASK;
+        let id = window(rule, at) & WINDOW_MASK;
         let _ = self
             .pending
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {

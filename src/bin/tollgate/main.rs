@@ -2,7 +2,8 @@
 //! clock through every algorithm, and a quick single-thread benchmark.
 //!
 //! Built with `cargo run --release --features cli -- <command>`; `tollgate --help` lists the
-//! commands. Argument parsing and the SVG chart are written by hand (no dependencies).
+//! commands, `tollgate <command> --help` explains one. Arguments are parsed by clap (derive);
+//! the SVG chart is written by hand.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 mod counting_alloc;
 
+use clap::{Parser, Subcommand};
 use counting_alloc::CountingAllocator;
 use tollgate::{Algorithm, Clock, Error, FakeClock, Limiter, Quota};
 
@@ -31,38 +33,65 @@ fn live_bytes() -> usize {
 // Command line.
 // ---------------------------------------------------------------------------------------------
 
-const USAGE: &str = "\
-tollgate: a keyed rate limiter, demonstrated
+/// A keyed rate limiter, demonstrated.
+#[derive(Parser)]
+#[command(name = "tollgate", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-USAGE:
-    tollgate demo [--plot FILE.svg] [--seconds N]
-    tollgate bench [--keys N] [--seconds S]
-    tollgate serve --config FILE.toml [--listen ADDRESS:PORT]
-    tollgate --help
+#[derive(Subcommand)]
+enum Command {
+    /// Replays the seeds' story on a virtual clock, through every algorithm.
+    ///
+    /// One bot client sends 10,000 req/s (starting at t = 59 s, the last second of the first
+    /// minute window) while 50 honest users send about 1 req/s each; every client is limited
+    /// to 100 requests per minute (buckets: burst 100). Prints what each algorithm admitted,
+    /// the bot's worst 2-second span, and the memory each tracked key costs.
+    Demo {
+        /// Also write an SVG chart of the bot's admitted req/s.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<String>,
+        /// Virtual seconds to simulate.
+        #[arg(long, default_value_t = 180, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        seconds: u64,
+    },
+    /// Single-thread ns per check with the real monotonic clock.
+    ///
+    /// Median of 5 runs, for an allow-heavy quota (1,000,000 per ms, nearly everything
+    /// admitted) and a deny-heavy one (1 per hour, after the unit is spent).
+    Bench {
+        /// Distinct keys, checked in turn.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+        keys: u64,
+        /// Wall time per algorithm, seconds (0.001 to 600).
+        #[arg(long, default_value_t = 0.2, value_parser = parse_seconds)]
+        seconds: f64,
+    },
+    /// An HTTP server behind the rate-limit layer (needs `--features cli,http`).
+    ///
+    /// Watch the headers count down with `curl -i` and the 429 arrive: GET /, POST /login,
+    /// any /api/...; GET /metrics (not limited) has the counters in the Prometheus text format.
+    /// With a `[redis]` table in the config, every plan is shared with the other servers on
+    /// that Redis. Runs until interrupted.
+    Serve {
+        /// Plans, `[http]` and `[redis]` settings (see examples/plans.toml).
+        #[arg(long, value_name = "FILE")]
+        config: String,
+        /// Address to listen on.
+        #[arg(long, value_name = "ADDRESS:PORT", default_value = "127.0.0.1:8080")]
+        listen: String,
+    },
+}
 
-COMMANDS:
-    demo    Replays the story on a virtual clock: one bot client sends 10,000 req/s
-            (starting at t = 59 s, the last second of the first minute window) while
-            50 honest users send about 1 req/s each; every client is limited to
-            100 requests per minute (buckets: burst 100). Runs every algorithm and
-            prints what each admitted, the bot's worst 2-second span, and the memory
-            each tracked key costs.
-              --plot FILE.svg   also write an SVG chart of the bot's admitted req/s
-              --seconds N       virtual seconds to simulate (1..=3600, default 180)
-    bench   Single-thread ns per check with the real monotonic clock, median of 5 runs,
-            for an allow-heavy quota (1,000,000 per ms, nearly everything admitted) and a
-            deny-heavy one (1 per hour, after the unit is spent).
-              --keys N          distinct keys, checked in turn (default 1000)
-              --seconds S       wall time per algorithm (default 0.2)
-    serve   An HTTP server behind the rate-limit layer, to watch the headers count down
-            with `curl -i` and the 429 arrive: GET /, POST /login, any /api/...; and
-            GET /metrics (not limited) with the counters in the Prometheus text format.
-            Runs until interrupted. Needs a build with `--features cli,http`.
-              --config FILE     plans and [http] settings (see examples/plans.toml)
-              --listen ADDR     address to listen on (default 127.0.0.1:8080)
-
-Options accept `--name value` or `--name=value`.
-";
+/// Seconds from 0.001 to 600.
+fn parse_seconds(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(s) if s.is_finite() && (0.001..=600.0).contains(&s) => Ok(s),
+        _ => Err(format!("expected seconds from 0.001 to 600, got '{value}'")),
+    }
+}
 
 /// Why a command stopped.
 enum Fail {
@@ -87,8 +116,14 @@ impl From<Error> for Fail {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match run(&args) {
+    // Usage errors, `--help` and `--version` are clap's (exit code 2 for a usage error).
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo { plot, seconds } => demo(seconds, plot.as_deref()),
+        Command::Bench { keys, seconds } => bench(keys, seconds),
+        Command::Serve { config, listen } => serve(&config, &listen),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Fail::Usage(msg)) => {
             eprintln!("tollgate: error: {msg}");
@@ -107,66 +142,6 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &[String]) -> Result<(), Fail> {
-    let Some((cmd, rest)) = args.split_first() else {
-        return print_usage();
-    };
-    match cmd.as_str() {
-        "-h" | "--help" | "help" => print_usage(),
-        "demo" => {
-            let opts = parse_options(rest, &["--plot", "--seconds"])?;
-            if opts.help {
-                return print_usage();
-            }
-            let mut plot = None;
-            let mut seconds = 180;
-            for (name, value) in opts.values {
-                match name {
-                    "--plot" => plot = Some(value),
-                    _ => seconds = parse_int(name, &value, 1, 3600)?,
-                }
-            }
-            demo(seconds, plot.as_deref())
-        }
-        "bench" => {
-            let opts = parse_options(rest, &["--keys", "--seconds"])?;
-            if opts.help {
-                return print_usage();
-            }
-            let mut keys = 1000;
-            let mut seconds = 0.2;
-            for (name, value) in opts.values {
-                match name {
-                    "--keys" => keys = parse_int(name, &value, 1, 10_000_000)?,
-                    _ => seconds = parse_seconds(name, &value)?,
-                }
-            }
-            bench(keys, seconds)
-        }
-        "serve" => {
-            let opts = parse_options(rest, &["--config", "--listen"])?;
-            if opts.help {
-                return print_usage();
-            }
-            let mut config = None;
-            let mut listen = "127.0.0.1:8080".to_string();
-            for (name, value) in opts.values {
-                match name {
-                    "--config" => config = Some(value),
-                    _ => listen = value,
-                }
-            }
-            let config =
-                config.ok_or_else(|| Fail::Usage("serve needs --config FILE.toml".to_string()))?;
-            serve(&config, &listen)
-        }
-        other if other.starts_with('-') => Err(Fail::Usage(format!("unknown option '{other}'"))),
-        other => Err(Fail::Usage(format!(
-            "unknown command '{other}' (expected 'demo', 'bench' or 'serve')"
-        ))),
-    }
-}
-
 #[cfg(feature = "http")]
 fn serve(config: &str, listen: &str) -> Result<(), Fail> {
     serve::serve(config, listen)
@@ -177,73 +152,6 @@ fn serve(_config: &str, _listen: &str) -> Result<(), Fail> {
     Err(Fail::Usage(
         "this build has no HTTP server: rebuild with `--features cli,http`".to_string(),
     ))
-}
-
-fn print_usage() -> Result<(), Fail> {
-    io::stdout().lock().write_all(USAGE.as_bytes())?;
-    Ok(())
-}
-
-/// Parsed options of one command: `(name, value)` in order, and whether help was asked for.
-struct Options<'a> {
-    values: Vec<(&'a str, String)>,
-    help: bool,
-}
-
-/// Parses `--name value` / `--name=value` pairs for the names in `known`.
-fn parse_options<'a>(args: &[String], known: &[&'a str]) -> Result<Options<'a>, Fail> {
-    let mut out = Options {
-        values: Vec::new(),
-        help: false,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        if arg == "-h" || arg == "--help" {
-            out.help = true;
-            continue;
-        }
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let Some(&name) = known.iter().find(|k| **k == name) else {
-            return Err(Fail::Usage(if arg.starts_with('-') {
-                format!("unknown option '{name}'")
-            } else {
-                format!("unexpected argument '{arg}'")
-            }));
-        };
-        let value = match inline {
-            Some(v) => v,
-            None => it
-                .next()
-                .cloned()
-                .ok_or_else(|| Fail::Usage(format!("option '{name}' needs a value")))?,
-        };
-        if value.is_empty() {
-            return Err(Fail::Usage(format!("option '{name}' needs a value")));
-        }
-        out.values.push((name, value));
-    }
-    Ok(out)
-}
-
-fn parse_int(name: &str, value: &str, min: u64, max: u64) -> Result<u64, Fail> {
-    match value.replace('_', "").parse::<u64>() {
-        Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(Fail::Usage(format!(
-            "option '{name}' expects a whole number from {min} to {max}, got '{value}'"
-        ))),
-    }
-}
-
-fn parse_seconds(name: &str, value: &str) -> Result<f64, Fail> {
-    match value.parse::<f64>() {
-        Ok(s) if s.is_finite() && (0.001..=600.0).contains(&s) => Ok(s),
-        _ => Err(Fail::Usage(format!(
-            "option '{name}' expects seconds from 0.001 to 600, got '{value}'"
-        ))),
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
