@@ -313,3 +313,37 @@ fn what_cannot_be_synced_is_a_construction_error() {
         .unwrap_err();
     assert!(matches!(err, Error::Config { .. }), "{err}");
 }
+
+/// Tiers across two processes: a low tier (`headroom` 10) and a high tier share one quota's
+/// state on a global key; requests alternate between the two limiters, each a round apart.
+/// The low tier is denied once fewer than 10 units would remain globally, the high tier spends
+/// the rest: as one process would decide, give or take a first request on a fresh state.
+#[test]
+fn tiers_share_one_state_across_processes() {
+    let _serial = serial();
+    let server = RedisServer::start();
+    let rt = runtime();
+    let quota = || Quota::per_minute(20).burst(20);
+    let ls = limiters(&rt, &server, "shared-tiers:", || {
+        Limiter::<String>::builder()
+            .plan("low", Plan::new([quota()]).headroom(10))
+            .plan("high", Plan::new([quota()]))
+    });
+    let (low, high) = (ls[0].plan("low").unwrap(), ls[0].plan("high").unwrap());
+    let key = "everyone".to_string();
+    let (mut low_in, mut high_in) = (0, 0);
+    for _ in 0..20 {
+        if ls[0].check_in(&key, low, 1).unwrap().is_allowed() {
+            low_in += 1;
+        }
+        std::thread::sleep(Duration::from_millis(60));
+        if ls[1].check_in(&key, high, 1).unwrap().is_allowed() {
+            high_in += 1;
+        }
+        std::thread::sleep(Duration::from_millis(60));
+    }
+    eprintln!("tiers across two limiters: low {low_in}, high {high_in} (one process: 5 and 15)");
+    assert!((5..=6).contains(&low_in), "low tier admitted {low_in}");
+    assert!((14..=16).contains(&high_in), "high tier admitted {high_in}");
+    assert!(low_in + high_in <= 21, "{low_in} + {high_in}");
+}
