@@ -427,6 +427,10 @@ pub const MAX_SHARDS: usize = 1 << 16;
 
 impl<K, C: std::fmt::Debug> std::fmt::Debug for Builder<K, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        #[cfg(feature = "redis")]
+        let synced = self.redis.is_some();
+        #[cfg(not(feature = "redis"))]
+        let synced = false;
         f.debug_struct("Builder")
             .field("quotas", &self.quotas)
             .field("strategy", &self.strategy)
@@ -439,6 +443,7 @@ impl<K, C: std::fmt::Debug> std::fmt::Debug for Builder<K, C> {
             .field("sweep_grace", &self.sweep_grace)
             .field("housekeeping", &self.housekeeping)
             .field("clock", &self.clock)
+            .field("synced", &synced)
             .finish()
     }
 }
@@ -508,6 +513,10 @@ pub struct Limiter<K, C = MonotonicClock> {
 
 impl<K, C: std::fmt::Debug> std::fmt::Debug for Limiter<K, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        #[cfg(feature = "redis")]
+        let synced = self.shared.is_some();
+        #[cfg(not(feature = "redis"))]
+        let synced = false;
         let book = self.book.current();
         f.debug_struct("Limiter")
             .field("flat_store", &matches!(self.store, Map::Flat(_)))
@@ -517,6 +526,7 @@ impl<K, C: std::fmt::Debug> std::fmt::Debug for Limiter<K, C> {
             )
             .field("rules", &book.rules.len())
             .field("clock", &self.clock)
+            .field("synced", &synced)
             .finish_non_exhaustive()
     }
 }
