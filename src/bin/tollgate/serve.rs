@@ -48,8 +48,21 @@ pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
             .layer(layer)
             // Not rate-limited: added after the layer.
             .route("/metrics", get(move || async move { metrics.metrics() }));
-        println!("tollgate serve: listening on http://{bound} (plans: {plans})");
-        println!("  try: curl -i http://{bound}/    and    curl -s http://{bound}/metrics");
+        {
+            // Written, not printed: a closed stdout (a parent that read the first line and
+            // went) must not stop the server.
+            use std::io::Write as _;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(
+                out,
+                "tollgate serve: listening on http://{bound} (plans: {plans})"
+            );
+            let _ = writeln!(
+                out,
+                "  try: curl -i http://{bound}/    and    curl -s http://{bound}/metrics"
+            );
+            let _ = out.flush();
+        }
         axum::serve(
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),
