@@ -209,7 +209,7 @@ fn main() {
                 tollgate::Plan::new([Quota::per_second(1_000_000_000).burst(1_000_000)]),
             )
             .redis_synced(
-                tollgate::redis::RedisSync::new(&server.url())
+                tollgate::redis::RedisConfig::new(&server.url())
                     .prefix("blim:")
                     .interval(Duration::from_millis(100)),
             )

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis_support::RedisCluster;
-use tollgate::redis::{RedisLimiter, RedisSync, Source, SyncedLimiter};
+use tollgate::redis::{RedisConfig, RedisLimiter, Source, SyncedLimiter};
 use tollgate::{Algorithm, Limiter, Plan, Quota};
 
 #[test]
@@ -127,7 +127,7 @@ fn compound_limits_on_a_three_master_cluster() {
     limiter_on_the_cluster(&seeds, &rt);
 }
 
-/// A `Limiter` synced through the cluster (`RedisSync::cluster`): three limiters with the same
+/// A `Limiter` synced through the cluster (`RedisConfig::cluster`): three limiters with the same
 /// plans share a compound plan's keys, which live on different masters, within the bound of
 /// its binding part.
 fn limiter_on_the_cluster(seeds: &[&str], rt: &tokio::runtime::Runtime) {
@@ -148,7 +148,7 @@ fn limiter_on_the_cluster(seeds: &[&str], rt: &tokio::runtime::Runtime) {
                             Quota::per_hour(100_000),
                         ]),
                     )
-                    .redis_synced(RedisSync::cluster(seeds).prefix("cl:").interval(interval))
+                    .redis_synced(RedisConfig::cluster(seeds).prefix("cl:").interval(interval))
                     .build_shared()
                     .unwrap()
             })

@@ -61,13 +61,14 @@ fn status(port: u16) -> u16 {
         .unwrap_or_else(|| panic!("no status in {reply:?}"))
 }
 
-/// A config file for one plan of `limit` a minute keyed by IP, synced through `redis`.
+/// A config file for one plan of `limit` a minute keyed by IP, on `redis` in `mode`.
 fn config(
     dir: &std::path::Path,
     test: &str,
     redis: &RedisServer,
     limit: u64,
     on_failure: &str,
+    mode: &str,
 ) -> std::path::PathBuf {
     let path = dir.join(format!(
         "serve-{test}-{on_failure}-{}.toml",
@@ -77,8 +78,8 @@ fn config(
         &path,
         format!(
             "[plans.free]\nlimit = {limit}\nwindow = \"1m\"\n\n[http]\nkey = \"ip\"\nheaders = \"github\"\n\n\
-             [redis]\nurl = \"{}\"\nmode = \"synced\"\ninterval = \"20ms\"\ndeadline = \"20ms\"\n\
-             on_failure = \"{on_failure}\"\nprefix = \"serve-{on_failure}:\"\n",
+             [redis]\nurl = \"{}\"\nmode = \"{mode}\"\ninterval = \"20ms\"\ndeadline = \"20ms\"\n\
+             on_failure = \"{on_failure}\"\nprefix = \"serve-{test}-{on_failure}:\"\n",
             redis.url()
         ),
     )
@@ -94,7 +95,7 @@ fn config(
 fn three_serve_processes_share_one_plan() {
     let redis = RedisServer::start();
     let dir = std::env::temp_dir();
-    let cfg = config(&dir, "share", &redis, 10, "closed");
+    let cfg = config(&dir, "share", &redis, 10, "closed", "synced");
     let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
     let mut admitted = 0;
     let mut statuses = Vec::new();
@@ -113,16 +114,36 @@ fn three_serve_processes_share_one_plan() {
     assert!(statuses[20..].iter().all(|&c| c == 429), "{statuses:?}");
 }
 
-/// Redis killed while three processes serve: the policy answers (closed: 429 for a client with
-/// room left; open: 200 for one without), and after a restart the processes decide again.
+/// Exact mode (`mode = "exact"`): requests spread over three processes as fast as they go
+/// are admitted exactly as one process would: the limit, then 429s.
+#[test]
+fn three_serve_processes_in_exact_mode_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir();
+    let cfg = config(&dir, "exact", &redis, 10, "closed", "exact");
+    let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
+    let statuses: Vec<u16> = (0..30).map(|i| status(servers[i % 3].port)).collect();
+    eprintln!("three serve processes, exact mode, 10 a minute by IP: {statuses:?}");
+    let want: Vec<u16> = [vec![200; 10], vec![429; 20]].concat();
+    assert_eq!(statuses, want);
+}
+
+/// Redis killed while three processes serve, in each mode: the policy answers (closed: 429
+/// for a client with room left; open: 200 for one without), and after a restart the processes
+/// decide again.
 #[test]
 fn killing_redis_answers_by_each_policy() {
-    for (policy, want) in [("closed", 429), ("open", 200)] {
+    for (mode, policy, want) in [
+        ("synced", "closed", 429),
+        ("synced", "open", 200),
+        ("exact", "closed", 429),
+        ("exact", "open", 200),
+    ] {
         let mut redis = RedisServer::start();
         let dir = std::env::temp_dir();
         // Closed: room for many; open: room for none once spent (1 a minute).
         let limit = if policy == "closed" { 1000 } else { 1 };
-        let cfg = config(&dir, "kill", &redis, limit, policy);
+        let cfg = config(&dir, &format!("kill-{mode}"), &redis, limit, policy, mode);
         let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
         for s in &servers {
             let _ = status(s.port);
@@ -140,7 +161,7 @@ fn killing_redis_answers_by_each_policy() {
             seen.push(codes);
             assert!(
                 t.elapsed() < Duration::from_secs(5),
-                "{policy}: the policy never answered: {seen:?}"
+                "{mode} {policy}: the policy never answered: {seen:?}"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -149,10 +170,30 @@ fn killing_redis_answers_by_each_policy() {
         if policy == "closed" {
             let t = Instant::now();
             while !servers.iter().all(|s| status(s.port) == 200) {
-                assert!(t.elapsed() < Duration::from_secs(10), "closed: no recovery");
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "{mode} closed: no recovery"
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        eprintln!("{policy}: Redis killed, every process answered {want}; recovered");
+        eprintln!("{mode} {policy}: Redis killed, every process answered {want}; recovered");
+    }
+}
+
+/// What exact mode does not serve is a construction error that names synced mode: route and
+/// global rules, and `headroom`.
+#[test]
+fn exact_mode_refuses_rules_and_headroom() {
+    use tollgate::http::{HttpConfig, RateLimitLayer};
+    let redis = "[redis]\nurl = \"redis://127.0.0.1:1/\"\nmode = \"exact\"\n";
+    let with_rule = format!(
+        "[plans.free]\nlimit = 10\nwindow = \"1m\"\n[plans.burst]\nlimit = 5\nwindow = \"1s\"\n\
+         [[http.routes]]\npath = \"/login\"\nplan = \"burst\"\n{redis}"
+    );
+    let with_headroom = format!("[plans.free]\nlimit = 10\nwindow = \"1m\"\nheadroom = 2\n{redis}");
+    for src in [with_rule, with_headroom] {
+        let err = RateLimitLayer::new(HttpConfig::parse(&src).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("mode = \"synced\""), "{err}");
     }
 }

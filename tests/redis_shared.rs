@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis_support::RedisServer;
-use tollgate::redis::{FailurePolicy, RedisSync};
+use tollgate::redis::{FailurePolicy, RedisConfig};
 use tollgate::{Algorithm, Error, Limiter, Plan, PlanId, Quota, check_all};
 
 const NODES: usize = 3;
@@ -46,7 +46,7 @@ fn limiters(
         .map(|_| {
             build()
                 .redis_synced(
-                    RedisSync::new(&server.url())
+                    RedisConfig::new(&server.url())
                         .prefix(prefix)
                         .interval(INTERVAL),
                 )
@@ -242,7 +242,7 @@ fn a_dead_redis_answers_by_the_policy() {
             Limiter::<String>::builder()
                 .quota(Quota::per_second(1_000_000).burst(1_000))
                 .redis_synced(
-                    RedisSync::new(&server.url())
+                    RedisConfig::new(&server.url())
                         .interval(Duration::from_millis(20))
                         .deadline(Duration::from_millis(20))
                         .on_failure(policy)
@@ -282,7 +282,7 @@ fn a_dead_redis_answers_by_the_policy() {
 /// a tokio runtime the rounds cannot start: clear construction errors.
 #[test]
 fn what_cannot_be_synced_is_a_construction_error() {
-    let sync = || RedisSync::new("redis://127.0.0.1:1/");
+    let sync = || RedisConfig::new("redis://127.0.0.1:1/");
     let err = Limiter::<String>::builder()
         .quota(Quota::per_second(10))
         .redis_synced(sync())
@@ -308,7 +308,7 @@ fn what_cannot_be_synced_is_a_construction_error() {
     );
     let err = Limiter::<String>::builder()
         .quota(Quota::per_second(10))
-        .redis_synced(RedisSync::new("not a url"))
+        .redis_synced(RedisConfig::new("not a url"))
         .build_shared()
         .unwrap_err();
     assert!(matches!(err, Error::Config { .. }), "{err}");

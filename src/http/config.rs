@@ -191,7 +191,10 @@ pub struct HttpConfig {
     pub(crate) exempt_keys: HashSet<String>,
     /// Every limit cluster-wide through Redis (the `[redis]` table; feature `redis`).
     #[cfg(feature = "redis")]
-    pub(crate) redis: Option<crate::redis::RedisSync>,
+    pub(crate) redis: Option<crate::redis::RedisConfig>,
+    /// `redis` in exact mode (one script per request) instead of synced mode.
+    #[cfg(feature = "redis")]
+    pub(crate) redis_exact: bool,
 }
 
 impl HttpConfig {
@@ -238,6 +241,8 @@ impl HttpConfig {
             exempt_keys: HashSet::new(),
             #[cfg(feature = "redis")]
             redis: None,
+            #[cfg(feature = "redis")]
+            redis_exact: false,
         }
     }
 
@@ -269,11 +274,26 @@ impl HttpConfig {
 
     /// Every plan, rule and tier cluster-wide through Redis, in synced mode (feature `redis`;
     /// the `[redis]` table in TOML): each process decides locally and reconciles every
-    /// interval (see [`RedisSync`](crate::redis::RedisSync)). The layer is then built inside a
+    /// interval (see [`RedisConfig`](crate::redis::RedisConfig)). The layer is then built inside a
     /// tokio runtime.
     #[cfg(feature = "redis")]
-    pub fn redis(mut self, redis: crate::redis::RedisSync) -> Self {
+    pub fn redis(mut self, redis: crate::redis::RedisConfig) -> Self {
         self.redis = Some(redis);
+        self.redis_exact = false;
+        self
+    }
+
+    /// Every client's plan cluster-wide through Redis in exact mode (feature `redis`;
+    /// `mode = "exact"` in `[redis]`): one Lua script per request on Redis's clock, exactly
+    /// the in-process decision (see [`RedisLimiter`](crate::redis::RedisLimiter)), answered by
+    /// the failure policy when Redis cannot. It serves each client's own plan, hard, soft or
+    /// queue; route and global rules and `headroom` need synced mode (a construction error
+    /// here), and each plan's quotas are its own in Redis (two plans that list an equal quota
+    /// do not share its state, as they do in process).
+    #[cfg(feature = "redis")]
+    pub fn redis_exact(mut self, redis: crate::redis::RedisConfig) -> Self {
+        self.redis = Some(redis);
+        self.redis_exact = true;
         self
     }
 
@@ -484,22 +504,16 @@ struct RawRule {
 }
 
 impl Ctx<'_> {
-    /// The `[redis]` table: `url` or `nodes`, `mode = "synced"` (the default) with `interval`,
-    /// `on_failure`, `deadline`, `prefix`. `mode = "exact"` is not served by the layer yet.
+    /// The `[redis]` table: `url` or `nodes`, `mode = "synced"` (the default, with `interval`)
+    /// or `"exact"`, `on_failure`, `deadline`, `prefix`.
     fn apply_redis(&self, c: &mut HttpConfig, raw: Spanned<RawRedis>) -> Result<(), Error> {
         let at = raw.span().start;
         let raw = raw.into_inner();
+        let mut exact = false;
         if let Some(m) = &raw.mode {
             match m.get_ref().as_str() {
                 "synced" => {}
-                "exact" => {
-                    return self.err(
-                        m.span().start,
-                        "redis.mode",
-                        "\"exact\" is not served by the HTTP layer yet (it needs an async \
-                         charge per request): use \"synced\", or RedisLimiter in code",
-                    );
-                }
+                "exact" => exact = true,
                 other => {
                     return self.err(
                         m.span().start,
@@ -511,7 +525,7 @@ impl Ctx<'_> {
         }
         #[cfg(not(feature = "redis"))]
         {
-            let _ = c;
+            let _ = (c, exact);
             self.err(
                 at,
                 "redis",
@@ -520,12 +534,12 @@ impl Ctx<'_> {
         }
         #[cfg(feature = "redis")]
         {
-            use crate::redis::{FailurePolicy, RedisSync};
+            use crate::redis::{FailurePolicy, RedisConfig};
             let mut sync = match (&raw.url, &raw.nodes) {
-                (Some(u), None) => RedisSync::new(u.get_ref()),
+                (Some(u), None) => RedisConfig::new(u.get_ref()),
                 (None, Some(n)) => {
                     let nodes: Vec<&str> = n.get_ref().iter().map(String::as_str).collect();
-                    RedisSync::cluster(&nodes)
+                    RedisConfig::cluster(&nodes)
                 }
                 _ => return self.err(at, "redis", "exactly one of `url` or `nodes`"),
             };
@@ -580,6 +594,7 @@ impl Ctx<'_> {
             sync.validate()
                 .or_else(|e| self.err(at, "redis", e.to_string()))?;
             c.redis = Some(sync);
+            c.redis_exact = exact;
             Ok(())
         }
     }

@@ -175,6 +175,9 @@ struct Core<C: Clock> {
     counters: HttpCounters,
     /// The recorder `/metrics` renders.
     exposition: Exposition,
+    /// Exact mode on Redis (`mode = "exact"`): each plan's limiter there, by plan id.
+    #[cfg(feature = "redis")]
+    exact: Option<Vec<Option<ExactPlan>>>,
     /// Stops and joins the background sweeper when the last clone drops.
     _sweeper: Option<Sweeper>,
 }
@@ -243,10 +246,15 @@ impl<C: Clock> RateLimitLayer<C> {
             builder = builder.plan(name.clone(), plan.clone());
         }
         #[cfg(feature = "redis")]
-        if let Some(redis) = config.redis.clone() {
+        if let (Some(redis), false) = (config.redis.clone(), config.redis_exact) {
             builder = builder.redis_synced(redis);
         }
         let limiter = builder.build_shared()?;
+        #[cfg(feature = "redis")]
+        let exact = match (&config.redis, config.redis_exact) {
+            (Some(redis), true) => Some(exact_plans(&config, redis, &limiter)?),
+            _ => None,
+        };
         let id = |name: &str| {
             limiter
                 .plan(name)
@@ -320,6 +328,8 @@ impl<C: Clock> RateLimitLayer<C> {
                 api_key_header,
                 counters: HttpCounters::default(),
                 exposition: Exposition::new(),
+                #[cfg(feature = "redis")]
+                exact,
                 _sweeper: sweeper,
             }),
             hooks: Arc::default(),
@@ -760,6 +770,111 @@ impl<C: Clock> RateLimitLayer<C> {
                 .any(|c| c.detailed.decision.reason() == Reason::SoftLimit)
     }
 
+    /// [`charge`](Self::charge), or in exact mode [`charge_exact`](Self::charge_exact).
+    #[allow(clippy::result_large_err)] // as `front`
+    async fn charge_any(
+        &self,
+        parts: &http::request::Parts,
+        found: Result<(ClientKey, PlanId), KeyError>,
+        cost: u64,
+    ) -> Result<Passed, Response<Full<Bytes>>> {
+        #[cfg(feature = "redis")]
+        if self.core.exact.is_some() {
+            return self.charge_exact(parts, found, cost).await;
+        }
+        self.charge(parts, found, cost)
+    }
+
+    /// [`charge`](Self::charge) in exact mode: the client's plan decided by one script on
+    /// Redis (its strategy applied: soft passes flagged, a queue's reservation held), counted
+    /// in the plan's stats; the failure policy answers when Redis cannot.
+    #[cfg(feature = "redis")]
+    #[allow(clippy::result_large_err)] // as `front`
+    async fn charge_exact(
+        &self,
+        parts: &http::request::Parts,
+        found: Result<(ClientKey, PlanId), KeyError>,
+        cost: u64,
+    ) -> Result<Passed, Response<Full<Bytes>>> {
+        let core = &self.core;
+        let (client, plan) = found.map_err(|e| self.bad_key(parts, e))?;
+        let Some(x) = core
+            .exact
+            .as_ref()
+            .and_then(|plans| plans.get(plan.0 as usize))
+            .and_then(Option::as_ref)
+        else {
+            core.counters.internal_error();
+            return Err(reject(
+                parts,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                grpc::INTERNAL,
+                "Rate limiter misconfigured",
+                "no exact-mode limiter for the plan",
+            ));
+        };
+        let key = HttpKey { rule: None, client };
+        let name = key.to_string();
+        let checked = match x.strategy {
+            crate::Strategy::Queue { max_delay } => x.redis.reserve(&name, cost, max_delay).await,
+            _ => x.redis.check_n(&name, cost).await,
+        };
+        let mut d = match checked {
+            Ok(c) => c.decision(),
+            Err(Error::CostExceedsCapacity { cost, capacity }) => {
+                core.counters.limited();
+                return Err(reject(
+                    parts,
+                    StatusCode::TOO_MANY_REQUESTS,
+                    grpc::RESOURCE_EXHAUSTED,
+                    "Rate limit exceeded",
+                    &format!("This request costs {cost}; the limit holds at most {capacity}"),
+                ));
+            }
+            Err(e) => {
+                core.counters.internal_error();
+                return Err(reject(
+                    parts,
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    grpc::INTERNAL,
+                    "Rate limiter misconfigured",
+                    &e.to_string(),
+                ));
+            }
+        };
+        if x.strategy == crate::Strategy::Soft && !d.is_allowed() && d.reason() == Reason::Limited {
+            // The soft strategy: passed, flagged (as the engine's `soften`).
+            d.allowed = true;
+            d.reason = Reason::SoftLimit;
+        }
+        core.limiter.count_external(plan, &d);
+        let now = core.limiter.clock().now();
+        let client = key.client.clone();
+        let check = Check {
+            key,
+            plan,
+            detailed: Detailed::external(d, now),
+        };
+        if !d.is_allowed() {
+            core.counters.limited();
+            return Err(self.too_many(parts, &client, std::slice::from_ref(&check), 0));
+        }
+        if d.reason() == Reason::SoftLimit {
+            core.counters.soft_passed();
+        }
+        let delay = d.delay_ns();
+        if delay > 0 {
+            core.counters.queued(delay);
+        }
+        let mut checks = Checks::new();
+        checks.push(check);
+        Ok(Passed {
+            checks,
+            cost,
+            delay,
+        })
+    }
+
     /// After the inner service answered a passed request: the refund, then the headers.
     fn finish<B>(&self, resp: &mut Response<B>, passed: &mut Passed) {
         if self.hooks.refund.as_ref().is_some_and(|f| f(resp.status())) {
@@ -1015,6 +1130,62 @@ impl<C: Clock> RateLimitLayer<C> {
     }
 }
 
+/// A plan served in exact mode: its quotas as one Redis limiter, and its strategy.
+#[cfg(feature = "redis")]
+struct ExactPlan {
+    redis: crate::redis::RedisLimiter,
+    strategy: crate::Strategy,
+}
+
+/// Each plan's exact-mode limiter, by plan id: its quotas under `prefix` + the plan's name (so
+/// the state is the plan's own). Rules and `headroom` are synced mode's: errors here.
+#[cfg(feature = "redis")]
+fn exact_plans<C: Clock>(
+    config: &HttpConfig,
+    redis: &crate::redis::RedisConfig,
+    limiter: &Limiter<HttpKey, C>,
+) -> Result<Vec<Option<ExactPlan>>, Error> {
+    let bad = |message: String| {
+        Err(Error::Config {
+            line: None,
+            message,
+        })
+    };
+    if !config.rules.is_empty() {
+        return bad(
+            "redis: mode = \"exact\" serves each client's own plan; route and global rules \
+             need mode = \"synced\""
+                .into(),
+        );
+    }
+    let mut plans: Vec<Option<ExactPlan>> = Vec::new();
+    for (name, plan) in &config.plans {
+        if plan.headroom_units() > 0 {
+            return bad(format!(
+                "redis: plan '{name}' has headroom, which mode = \"exact\" does not serve: use \
+                 mode = \"synced\""
+            ));
+        }
+        let id = limiter
+            .plan(name)
+            .ok_or_else(|| Error::UnknownPlan(name.clone()))?;
+        let mut b = crate::redis::RedisLimiter::builder_of(redis)
+            .prefix(format!("{}{name}:", redis.prefix));
+        for q in plan.quotas() {
+            b = b.quota(*q);
+        }
+        let at = id.0 as usize;
+        if plans.len() <= at {
+            plans.resize_with(at + 1, || None);
+        }
+        plans[at] = Some(ExactPlan {
+            redis: b.build()?,
+            strategy: plan.strategy_kind(),
+        });
+    }
+    Ok(plans)
+}
+
 /// The layer's view of plan `id`.
 fn plan_info(plans: &[Option<PlanInfo>], id: PlanId) -> Option<&PlanInfo> {
     plans.get(id.0 as usize).and_then(Option::as_ref)
@@ -1258,7 +1429,7 @@ where
             return ResponseFuture::boxed(async move {
                 let name = resolving.await;
                 let found = layer.plan_named(&parts, client, name);
-                let passed = match layer.charge(&parts, found, cost) {
+                let passed = match layer.charge_any(&parts, found, cost).await {
                     Ok(p) => p,
                     Err(resp) => return Ok(resp.map(Either::Right)),
                 };
@@ -1266,6 +1437,19 @@ where
             });
         }
         let found = layer.plan_from_table(&parts, client);
+        #[cfg(feature = "redis")]
+        if layer.core.exact.is_some() {
+            // Exact mode: the charge is a Redis call, awaited in a boxed future of its own.
+            let layer = layer.clone();
+            let inner = taken(inner);
+            return ResponseFuture::boxed(async move {
+                let passed = match layer.charge_exact(&parts, found, cost).await {
+                    Ok(p) => p,
+                    Err(resp) => return Ok(resp.map(Either::Right)),
+                };
+                forward_after(layer, inner, Request::from_parts(parts, body), passed).await
+            });
+        }
         let passed = match layer.charge(&parts, found, cost) {
             Ok(p) => p,
             Err(resp) => return ResponseFuture::answer(resp),

@@ -756,6 +756,17 @@ pub(crate) struct Detailed {
 
 #[cfg(feature = "http")]
 impl Detailed {
+    /// A decision made elsewhere (Redis, exact mode) at `now`: one part, nothing to undo.
+    #[cfg(feature = "redis")]
+    pub(crate) fn external(decision: Decision, now: u64) -> Self {
+        Detailed {
+            decision,
+            more: None,
+            undo: None,
+            now,
+        }
+    }
+
     fn new(
         decision: Decision,
         parts: &[Option<Decision>; MAX_PARTS],

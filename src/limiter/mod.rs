@@ -46,7 +46,7 @@ pub struct Builder<K, C = MonotonicClock> {
     clock: C,
     /// Synced through Redis (see [`redis_synced`](Builder::redis_synced)).
     #[cfg(feature = "redis")]
-    redis: Option<crate::redis::RedisSync>,
+    redis: Option<crate::redis::RedisConfig>,
     key: PhantomData<fn(K)>,
 }
 
@@ -372,10 +372,10 @@ impl<K, C: Clock> Builder<K, C> {
     }
 
     /// Makes the limiter's states cluster-wide through Redis in synced mode (feature `redis`;
-    /// see [`RedisSync`](crate::redis::RedisSync)); build it with
+    /// see [`RedisConfig`](crate::redis::RedisConfig)); build it with
     /// [`build_shared`](Self::build_shared).
     #[cfg(feature = "redis")]
-    pub fn redis_synced(mut self, redis: crate::redis::RedisSync) -> Self {
+    pub fn redis_synced(mut self, redis: crate::redis::RedisConfig) -> Self {
         self.redis = Some(redis);
         self
     }
@@ -1098,6 +1098,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         #[cfg(feature = "tracing")]
         tracing::info!(target: "tollgate", plan = name, "plan changed");
         Ok(id)
+    }
+
+    /// Counts a decision made for `plan` elsewhere (the HTTP layer's exact mode, on Redis) in
+    /// the plan's stats.
+    #[cfg(all(feature = "http", feature = "redis"))]
+    pub(crate) fn count_external(&self, plan: PlanId, d: &Decision) {
+        if let Ok(p) = self.book.current().get(plan) {
+            p.counts.count(Count::of(d), 0);
+        }
     }
 
     /// Whether the limiter is synced through Redis ([`Builder::redis_synced`]).

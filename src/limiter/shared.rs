@@ -25,7 +25,7 @@ use crate::quota::{Kind, Rule};
 use crate::redis::link::{Breaker, Gate, Link};
 use crate::redis::round::{Global, Push, Reconciler};
 use crate::redis::track::{self, Tracker};
-use crate::redis::{FailurePolicy, RedisSync, SyncedStats};
+use crate::redis::{FailurePolicy, RedisConfig, SyncedStats};
 use crate::store::flat::Found;
 use crate::store::{FlatStore, Full, RuleId, rule_hash};
 use crate::sync::Ordering;
@@ -49,7 +49,7 @@ pub(crate) struct Shared<K> {
 }
 
 impl<K: Hash + Eq + Clone> Shared<K> {
-    pub(crate) fn new(cfg: RedisSync, name: fn(&K) -> String) -> Result<Self, Error> {
+    pub(crate) fn new(cfg: RedisConfig, name: fn(&K) -> String) -> Result<Self, Error> {
         cfg.validate()?;
         let target = cfg.target?;
         Ok(Shared {

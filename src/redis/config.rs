@@ -1,4 +1,4 @@
-//! [`RedisSync`]: how a [`Limiter`](crate::Limiter) keeps its states cluster-wide through Redis.
+//! [`RedisConfig`]: where and how a [`Limiter`](crate::Limiter) or the HTTP layer reaches Redis.
 
 use std::time::Duration;
 
@@ -6,8 +6,10 @@ use super::FailurePolicy;
 use super::link::{BreakerConfig, Target};
 use crate::error::Error;
 
-/// Makes every state of a [`Limiter`](crate::Limiter) (each plan's, each quota's, each key's)
-/// cluster-wide through Redis in synced mode: checks decide on the local table at in-process
+/// The Redis a limiter's states live on: the server (or Cluster), key prefix, deadline, failure
+/// policy and breaker, and synced mode's interval. With
+/// [`Builder::redis_synced`](crate::Builder::redis_synced) it makes every state of a
+/// [`Limiter`](crate::Limiter) (each plan's, each quota's, each key's) cluster-wide in synced mode: checks decide on the local table at in-process
 /// speed, and a background task pushes what each (key, quota) admitted here to Redis every
 /// `interval` and adopts the global state it gets back. Plans, `check_in`, compound plans,
 /// tiers, `check_all`, `peek`, `reserve`, the strategies and the stats work as in process, with
@@ -21,12 +23,12 @@ use crate::error::Error;
 /// # async fn demo() -> Result<(), tollgate::Error> {
 /// use std::time::Duration;
 /// use tollgate::{Limiter, Plan, Quota};
-/// use tollgate::redis::{FailurePolicy, RedisSync};
+/// use tollgate::redis::{FailurePolicy, RedisConfig};
 /// let limiter = Limiter::<String>::builder()
 ///     .quota(Quota::per_minute(100))
 ///     .plan("pro", Plan::new([Quota::per_second(50), Quota::per_day(100_000)]))
 ///     .redis_synced(
-///         RedisSync::new("redis://10.0.0.5:6379/")
+///         RedisConfig::new("redis://10.0.0.5:6379/")
 ///             .interval(Duration::from_millis(50))
 ///             .on_failure(FailurePolicy::Closed),
 ///     )
@@ -36,7 +38,7 @@ use crate::error::Error;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
-pub struct RedisSync {
+pub struct RedisConfig {
     pub(crate) target: Result<Target, Error>,
     pub(crate) interval: Duration,
     pub(crate) prefix: String,
@@ -45,7 +47,7 @@ pub struct RedisSync {
     pub(crate) breaker: BreakerConfig,
 }
 
-impl RedisSync {
+impl RedisConfig {
     /// One Redis server (or a Valkey), e.g. `redis://127.0.0.1:6379/`; a malformed URL is an
     /// [`Error::Config`] from `build_shared`.
     pub fn new(url: &str) -> Self {
@@ -59,7 +61,7 @@ impl RedisSync {
     }
 
     fn with_target(target: Result<Target, Error>) -> Self {
-        RedisSync {
+        RedisConfig {
             target,
             interval: Duration::from_millis(100),
             prefix: "tollgate:".into(),
@@ -140,9 +142,9 @@ impl RedisSync {
     }
 }
 
-impl std::fmt::Debug for RedisSync {
+impl std::fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSync")
+        f.debug_struct("RedisConfig")
             .field("interval", &self.interval)
             .field("prefix", &self.prefix)
             .field("deadline", &self.deadline)

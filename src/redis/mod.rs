@@ -41,7 +41,7 @@ use crate::sync::{AtomicU64, Ordering};
 use link::{Breaker, BreakerConfig, Gate, Link, Target};
 use script::Call;
 
-pub use config::RedisSync;
+pub use config::RedisConfig;
 pub use synced::{SyncedBuilder, SyncedLimiter, SyncedStats};
 
 /// What a limiter answers when Redis cannot.
@@ -317,6 +317,23 @@ macro_rules! common_setters {
 pub(crate) use common_setters;
 
 impl RedisLimiter {
+    /// A builder on the server, prefix, deadline, failure policy and breaker of `cfg` (its
+    /// interval, synced mode's, is unused here): the HTTP layer's exact mode.
+    #[cfg(feature = "http")]
+    pub(crate) fn builder_of(cfg: &RedisConfig) -> RedisBuilder {
+        RedisBuilder {
+            common: Common {
+                target: cfg.target.clone(),
+                quotas: Vec::new(),
+                prefix: cfg.prefix.clone(),
+                deadline: cfg.deadline,
+                policy: cfg.policy,
+                breaker: cfg.breaker,
+            },
+            clock: MonotonicClock::new(),
+        }
+    }
+
     /// A builder for one Redis server (or a Valkey), e.g. `redis://127.0.0.1:6379/`.
     /// A malformed URL is an [`Error::Config`] from `build`.
     pub fn builder(url: &str) -> RedisBuilder {
