@@ -129,8 +129,8 @@ fn three_serve_processes_in_exact_mode_admit_exactly_the_limit() {
 }
 
 /// Redis killed while three processes serve, in each mode: the policy answers (closed: 429
-/// for a client with room left; open: 200 for one without), and after a restart the processes
-/// decide again.
+/// for a client with room left; open: 200 for one without; local share: each process goes on
+/// deciding on its own), and after a restart the processes decide again.
 #[test]
 fn killing_redis_answers_by_each_policy() {
     for (mode, policy, want) in [
@@ -138,11 +138,15 @@ fn killing_redis_answers_by_each_policy() {
         ("synced", "open", 200),
         ("exact", "closed", 429),
         ("exact", "open", 200),
+        ("synced", "local_share", 200),
+        ("exact", "local_share", 200),
     ] {
         let mut redis = RedisServer::start();
         let dir = std::env::temp_dir();
         // Closed: room for many; open: room for none once spent (1 a minute).
-        let limit = if policy == "closed" { 1000 } else { 1 };
+        // Closed and local share: room for many (local share keeps admitting on this process's
+        // own state); open: room for none once spent (1 a minute), so a 200 is the policy's.
+        let limit = if policy == "open" { 1 } else { 1000 };
         let cfg = config(&dir, &format!("kill-{mode}"), &redis, limit, policy, mode);
         let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
         for s in &servers {
@@ -164,6 +168,14 @@ fn killing_redis_answers_by_each_policy() {
                 "{mode} {policy}: the policy never answered: {seen:?}"
             );
             std::thread::sleep(Duration::from_millis(20));
+        }
+        if policy == "local_share" {
+            // Still deciding locally, a while after the breaker opened.
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(
+                servers.iter().all(|s| status(s.port) == 200),
+                "{mode} local_share"
+            );
         }
         redis.restart();
         // After the restart Redis has no state: the processes decide again (closed: admitted).
