@@ -1,7 +1,8 @@
-//! Three `tollgate serve` processes on loopback behind one redis-server, with one plan keyed by
-//! IP and a `[redis]` table in the same TOML: requests spread over them are admitted as by one
-//! process, within synced mode's bound; and Redis killed while they serve answers by the
-//! configured policy (closed: 429, open: 200), then they decide again after a restart.
+//! Three `tollgate serve` processes on loopback behind one redis-server (and a 3-master
+//! cluster), with one plan keyed by IP and a `[redis]` table in the same TOML: requests spread
+//! over them are admitted exactly as by one process in exact mode and within the bound in
+//! synced mode; Redis killed while they serve answers by the configured policy (closed, open,
+//! local share), then they decide again after a restart.
 #![cfg(all(feature = "redis", feature = "http", feature = "cli"))]
 
 mod redis_support;
@@ -11,7 +12,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redis_support::{RedisServer, free_port};
+use redis_support::{RedisCluster, RedisServer, free_port};
 
 /// A `tollgate serve` process, killed when dropped.
 struct Serve {
@@ -61,11 +62,12 @@ fn status(port: u16) -> u16 {
         .unwrap_or_else(|| panic!("no status in {reply:?}"))
 }
 
-/// A config file for one plan of `limit` a minute keyed by IP, on `redis` in `mode`.
+/// A config file for one plan of `limit` a minute keyed by IP, on Redis (`target`: the `url`
+/// or `nodes` line) in `mode`.
 fn config(
     dir: &std::path::Path,
     test: &str,
-    redis: &RedisServer,
+    target: &str,
     limit: u64,
     on_failure: &str,
     mode: &str,
@@ -78,13 +80,51 @@ fn config(
         &path,
         format!(
             "[plans.free]\nlimit = {limit}\nwindow = \"1m\"\n\n[http]\nkey = \"ip\"\nheaders = \"github\"\n\n\
-             [redis]\nurl = \"{}\"\nmode = \"{mode}\"\ninterval = \"20ms\"\ndeadline = \"20ms\"\n\
+             [redis]\n{target}\nmode = \"{mode}\"\ninterval = \"20ms\"\ndeadline = \"20ms\"\n\
              on_failure = \"{on_failure}\"\nprefix = \"serve-{test}-{on_failure}:\"\n",
-            redis.url()
         ),
     )
     .unwrap();
     path
+}
+
+/// The `url` line of a server.
+fn url(redis: &RedisServer) -> String {
+    format!("url = \"{}\"", redis.url())
+}
+
+/// Three processes on a 3-master Redis Cluster (`nodes = [...]`), one plan by IP: exact mode
+/// admits exactly the limit, synced mode within its bound.
+#[test]
+fn three_serve_processes_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let target = format!("nodes = [{}]", nodes.join(", "));
+    let dir = std::env::temp_dir();
+    for mode in ["exact", "synced"] {
+        let cfg = config(
+            &dir,
+            &format!("cluster-{mode}"),
+            &target,
+            10,
+            "closed",
+            mode,
+        );
+        let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
+        let mut statuses = Vec::new();
+        for i in 0..30 {
+            statuses.push(status(servers[i % 3].port));
+            if mode == "synced" {
+                std::thread::sleep(Duration::from_millis(60));
+            }
+        }
+        let admitted = statuses.iter().filter(|&&c| c == 200).count();
+        eprintln!("three serve processes on a cluster, {mode}: {admitted} of 30: {statuses:?}");
+        match mode {
+            "exact" => assert_eq!(statuses, [vec![200; 10], vec![429; 20]].concat()),
+            _ => assert!((10..=12).contains(&admitted), "{statuses:?}"),
+        }
+    }
 }
 
 /// Requests spread over three processes, each a little more than a round apart: the plan's
@@ -95,7 +135,7 @@ fn config(
 fn three_serve_processes_share_one_plan() {
     let redis = RedisServer::start();
     let dir = std::env::temp_dir();
-    let cfg = config(&dir, "share", &redis, 10, "closed", "synced");
+    let cfg = config(&dir, "share", &url(&redis), 10, "closed", "synced");
     let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
     let mut admitted = 0;
     let mut statuses = Vec::new();
@@ -120,7 +160,7 @@ fn three_serve_processes_share_one_plan() {
 fn three_serve_processes_in_exact_mode_admit_exactly_the_limit() {
     let redis = RedisServer::start();
     let dir = std::env::temp_dir();
-    let cfg = config(&dir, "exact", &redis, 10, "closed", "exact");
+    let cfg = config(&dir, "exact", &url(&redis), 10, "closed", "exact");
     let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
     let statuses: Vec<u16> = (0..30).map(|i| status(servers[i % 3].port)).collect();
     eprintln!("three serve processes, exact mode, 10 a minute by IP: {statuses:?}");
@@ -147,7 +187,14 @@ fn killing_redis_answers_by_each_policy() {
         // Closed and local share: room for many (local share keeps admitting on this process's
         // own state); open: room for none once spent (1 a minute), so a 200 is the policy's.
         let limit = if policy == "open" { 1 } else { 1000 };
-        let cfg = config(&dir, &format!("kill-{mode}"), &redis, limit, policy, mode);
+        let cfg = config(
+            &dir,
+            &format!("kill-{mode}"),
+            &url(&redis),
+            limit,
+            policy,
+            mode,
+        );
         let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
         for s in &servers {
             let _ = status(s.port);
