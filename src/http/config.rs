@@ -288,8 +288,9 @@ impl HttpConfig {
     /// the in-process decision (see [`RedisLimiter`](crate::redis::RedisLimiter)), answered by
     /// the failure policy when Redis cannot. It serves each client's own plan, hard, soft or
     /// queue; route and global rules and `headroom` need synced mode (a construction error
-    /// here), and each plan's quotas are its own in Redis (two plans that list an equal quota
-    /// do not share its state, as they do in process).
+    /// here), each plan's quotas are its own in Redis (two plans that list an equal quota do
+    /// not share its state, as they do in process), and a charge is never refunded
+    /// (`refund_when` has no effect).
     #[cfg(feature = "redis")]
     pub fn redis_exact(mut self, redis: crate::redis::RedisConfig) -> Self {
         self.redis = Some(redis);

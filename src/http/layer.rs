@@ -877,7 +877,12 @@ impl<C: Clock> RateLimitLayer<C> {
 
     /// After the inner service answered a passed request: the refund, then the headers.
     fn finish<B>(&self, resp: &mut Response<B>, passed: &mut Passed) {
-        if self.hooks.refund.as_ref().is_some_and(|f| f(resp.status())) {
+        // Exact mode's charges are Redis's and cannot be taken back: no refund there.
+        #[cfg(feature = "redis")]
+        let refunds = self.core.exact.is_none();
+        #[cfg(not(feature = "redis"))]
+        let refunds = true;
+        if refunds && self.hooks.refund.as_ref().is_some_and(|f| f(resp.status())) {
             refund_all(&self.core.limiter, &mut passed.checks, passed.cost);
             self.core.counters.refunded();
         }
