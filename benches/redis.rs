@@ -48,6 +48,35 @@ fn redis_benchmark(port: u16, args: &[&str]) -> (f64, f64, f64) {
     (f[0], f[3], f[5])
 }
 
+/// Calls of `check` per second from 2 threads for 2 s, each over its own 1,000 keys.
+fn checks_per_second(check: impl Fn(&String) + Send + Sync + Clone + 'static) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let (check, stop, total) = (check.clone(), stop.clone(), total.clone());
+            std::thread::spawn(move || {
+                let keys: Vec<String> = (0..1000).map(|k| format!("t{t}k{k}")).collect();
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for k in &keys {
+                        check(k);
+                    }
+                    n += keys.len() as u64;
+                }
+                total.fetch_add(n, Ordering::Relaxed);
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    total.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
 fn main() {
     let server = RedisServer::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -167,31 +196,12 @@ fn main() {
                 .unwrap(),
         )
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    let total = Arc::new(AtomicU64::new(0));
-    let threads: Vec<_> = (0..2)
-        .map(|t| {
-            let (s, stop, total) = (synced.clone(), stop.clone(), total.clone());
-            std::thread::spawn(move || {
-                let keys: Vec<String> = (0..1000).map(|k| format!("t{t}k{k}")).collect();
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    for k in &keys {
-                        let _ = std::hint::black_box(s.check(k));
-                    }
-                    n += keys.len() as u64;
-                }
-                total.fetch_add(n, Ordering::Relaxed);
-            })
+    let synced_rate = {
+        let s = synced.clone();
+        checks_per_second(move |k| {
+            let _ = std::hint::black_box(s.check(k));
         })
-        .collect();
-    let start = Instant::now();
-    std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().unwrap();
-    }
-    let synced_rate = total.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    };
     println!();
     println!(
         "synced mode: {:.1} M checks/s on 2 threads (2,000 keys, interval 100 ms; target >= 10 M/s); {:?}",
@@ -217,31 +227,12 @@ fn main() {
             .unwrap()
     };
     let api = limiter.plan("api").unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let total = Arc::new(AtomicU64::new(0));
-    let threads: Vec<_> = (0..2)
-        .map(|t| {
-            let (l, stop, total) = (limiter.clone(), stop.clone(), total.clone());
-            std::thread::spawn(move || {
-                let keys: Vec<String> = (0..1000).map(|k| format!("t{t}k{k}")).collect();
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    for k in &keys {
-                        let _ = std::hint::black_box(l.check_in(k, api, 1));
-                    }
-                    n += keys.len() as u64;
-                }
-                total.fetch_add(n, Ordering::Relaxed);
-            })
+    let limiter_rate = {
+        let l = limiter.clone();
+        checks_per_second(move |k| {
+            let _ = std::hint::black_box(l.check_in(k, api, 1));
         })
-        .collect();
-    let start = Instant::now();
-    std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().unwrap();
-    }
-    let limiter_rate = total.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    };
     println!(
         "Limiter synced through Redis: {:.1} M check_in/s on 2 threads (2,000 keys, interval 100 ms); {:?}",
         limiter_rate / 1e6,

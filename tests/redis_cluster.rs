@@ -155,34 +155,16 @@ fn limiter_on_the_cluster(seeds: &[&str], rt: &tokio::runtime::Runtime) {
             .collect()
     };
     let api = limiters[0].plan("api").unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
-    let threads: Vec<_> = limiters
+    let checks: Vec<Check> = limiters
         .iter()
         .map(|l| {
-            let (l, stop) = (Arc::clone(l), stop.clone());
-            std::thread::spawn(move || {
-                let mut admitted = [0u64; KEYS];
-                while !stop.load(Ordering::Relaxed) {
-                    for (k, a) in admitted.iter_mut().enumerate() {
-                        if l.check_in(&format!("key{k}"), api, 1).unwrap().is_allowed() {
-                            *a += 1;
-                        }
-                    }
-                    std::thread::yield_now();
-                }
-                admitted
-            })
+            let l = Arc::clone(l);
+            Box::new(move |k: &str| l.check_in(&k.to_string(), api, 1).unwrap().is_allowed())
+                as Check
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(1500));
-    stop.store(true, Ordering::Relaxed);
-    let mut totals = [0u64; KEYS];
-    for t in threads {
-        for (k, a) in t.join().unwrap().iter().enumerate() {
-            totals[k] += a;
-        }
-    }
+    let totals = hammer_keys::<KEYS>(checks);
     let secs = start.elapsed().as_secs_f64();
     let exact = BURST as f64 + RATE as f64 * secs;
     let bound = exact + 2.0 * (BURST as f64 + RATE as f64 * (interval.as_secs_f64() + 0.05));
@@ -198,6 +180,42 @@ fn limiter_on_the_cluster(seeds: &[&str], rt: &tokio::runtime::Runtime) {
     for s in &stats {
         assert!(s.rounds >= 10 && s.failed_rounds <= 2, "{s:?}");
     }
+}
+
+/// One engine's check of a key.
+type Check = Box<dyn Fn(&str) -> bool + Send>;
+
+/// Each check hammers keys `key0..key{N}` from its own thread for 1.5 s; the units admitted per
+/// key, all threads together.
+fn hammer_keys<const N: usize>(checks: Vec<Check>) -> [u64; N] {
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = checks
+        .into_iter()
+        .map(|check| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut admitted = [0u64; N];
+                while !stop.load(Ordering::Relaxed) {
+                    for (k, a) in admitted.iter_mut().enumerate() {
+                        if check(&format!("key{k}")) {
+                            *a += 1;
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+                admitted
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let mut totals = [0u64; N];
+    for t in threads {
+        for (k, a) in t.join().unwrap().iter().enumerate() {
+            totals[k] += a;
+        }
+    }
+    totals
 }
 
 /// Synced mode on the same cluster: three engines share keys that live on different masters,
@@ -222,34 +240,15 @@ fn synced_on_the_cluster(cluster: &RedisCluster, seeds: &[&str], rt: &tokio::run
             })
             .collect()
     };
-    let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
-    let threads: Vec<_> = engines
+    let checks: Vec<Check> = engines
         .iter()
         .map(|e| {
-            let (e, stop) = (e.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut admitted = [0u64; KEYS];
-                while !stop.load(Ordering::Relaxed) {
-                    for (k, a) in admitted.iter_mut().enumerate() {
-                        if e.check(&format!("key{k}")).is_allowed() {
-                            *a += 1;
-                        }
-                    }
-                    std::thread::yield_now();
-                }
-                admitted
-            })
+            let e = e.clone();
+            Box::new(move |k: &str| e.check(k).is_allowed()) as Check
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(1500));
-    stop.store(true, Ordering::Relaxed);
-    let mut totals = [0u64; KEYS];
-    for t in threads {
-        for (k, a) in t.join().unwrap().iter().enumerate() {
-            totals[k] += a;
-        }
-    }
+    let totals = hammer_keys::<KEYS>(checks);
     let secs = start.elapsed().as_secs_f64();
     let exact = BURST as f64 + RATE as f64 * secs;
     let bound = exact + 2.0 * (BURST as f64 + RATE as f64 * (interval.as_secs_f64() + 0.05));

@@ -267,23 +267,14 @@ pub(crate) fn apply_inline_part(
     headroom: u64,
     mode: Mode,
 ) -> Option<Applied> {
-    if mode.is_peek() {
-        return apply_inline(slot, word, now, cost, rule, headroom, mode);
-    }
-    // As `swap_then_decide`: the loop computes next states only, the decision is taken once
-    // after it, from the state the outcome was decided on.
-    let step = |s| decide_word(s, now, cost, rule, headroom, mode);
-    let (state, written, retries) = swap_loop(slot, word, |s| step(s).next)?;
-    Some(Applied {
-        decision: step(state).decision,
-        token: written.map(|s| token_of(rule.kind, s)),
-        retries,
-    })
+    apply_inline_from(slot, word, now, cost, rule, headroom, mode, |s| s)
 }
 
 /// [`apply_inline_part`] deciding on `start(word)` instead of the slot's word (a synced fixed
 /// window starts at the other processes' share): what it writes is the decision's next state.
-#[cfg(feature = "redis")]
+/// As `swap_then_decide`, the loop computes next states only; the decision is taken once after
+/// it, from the state the outcome was decided on.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn apply_inline_from(
     slot: &Inline<'_>,

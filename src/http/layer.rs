@@ -701,9 +701,21 @@ impl<C: Clock> RateLimitLayer<C> {
         found: Result<(ClientKey, PlanId), KeyError>,
         cost: u64,
     ) -> Result<Passed, Response<Full<Bytes>>> {
-        let core = &self.core;
         let (client, plan) = found.map_err(|e| self.bad_key(parts, e))?;
-        match self.decide(parts, client, plan, cost) {
+        self.answer(parts, self.decide(parts, client, plan, cost), cost)
+    }
+
+    /// What a charge's verdict means for the request: what to forward with, or the layer's
+    /// answer; counted in the layer's counters.
+    #[allow(clippy::result_large_err)] // as `front`
+    fn answer(
+        &self,
+        parts: &http::request::Parts,
+        verdict: Verdict,
+        cost: u64,
+    ) -> Result<Passed, Response<Full<Bytes>>> {
+        let core = &self.core;
+        match verdict {
             Verdict::Pass { checks } => {
                 if checks
                     .iter()
@@ -804,14 +816,7 @@ impl<C: Clock> RateLimitLayer<C> {
             .and_then(|plans| plans.get(plan.0 as usize))
             .and_then(Option::as_ref)
         else {
-            core.counters.internal_error();
-            return Err(reject(
-                parts,
-                StatusCode::INTERNAL_SERVER_ERROR,
-                grpc::INTERNAL,
-                "Rate limiter misconfigured",
-                "no exact-mode limiter for the plan",
-            ));
+            return self.answer(parts, Verdict::Error(unknown_plan_error(plan)), cost);
         };
         let key = HttpKey { rule: None, client };
         let name = key.to_string();
@@ -821,58 +826,29 @@ impl<C: Clock> RateLimitLayer<C> {
         };
         let mut d = match checked {
             Ok(c) => c.decision(),
-            Err(Error::CostExceedsCapacity { cost, capacity }) => {
-                core.counters.limited();
-                return Err(reject(
-                    parts,
-                    StatusCode::TOO_MANY_REQUESTS,
-                    grpc::RESOURCE_EXHAUSTED,
-                    "Rate limit exceeded",
-                    &format!("This request costs {cost}; the limit holds at most {capacity}"),
-                ));
-            }
-            Err(e) => {
-                core.counters.internal_error();
-                return Err(reject(
-                    parts,
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    grpc::INTERNAL,
-                    "Rate limiter misconfigured",
-                    &e.to_string(),
-                ));
-            }
+            Err(e) => return self.answer(parts, Verdict::Error(e), cost),
         };
-        if x.strategy == crate::Strategy::Soft && !d.is_allowed() && d.reason() == Reason::Limited {
-            // The soft strategy: passed, flagged (as the engine's `soften`).
-            d.allowed = true;
-            d.reason = Reason::SoftLimit;
+        if x.strategy == crate::Strategy::Soft {
+            crate::limiter::soften_limited(&mut d);
         }
         core.limiter.count_external(plan, &d);
-        let now = core.limiter.clock().now();
         let client = key.client.clone();
-        let check = Check {
+        let mut checks = Checks::new();
+        checks.push(Check {
             key,
             plan,
-            detailed: Detailed::external(d, now),
+            detailed: Detailed::external(d, core.limiter.clock().now()),
+        });
+        let verdict = if d.is_allowed() {
+            Verdict::Pass { checks }
+        } else {
+            Verdict::Deny {
+                checks,
+                at: 0,
+                client,
+            }
         };
-        if !d.is_allowed() {
-            core.counters.limited();
-            return Err(self.too_many(parts, &client, std::slice::from_ref(&check), 0));
-        }
-        if d.reason() == Reason::SoftLimit {
-            core.counters.soft_passed();
-        }
-        let delay = d.delay_ns();
-        if delay > 0 {
-            core.counters.queued(delay);
-        }
-        let mut checks = Checks::new();
-        checks.push(check);
-        Ok(Passed {
-            checks,
-            cost,
-            delay,
-        })
+        self.answer(parts, verdict, cost)
     }
 
     /// After the inner service answered a passed request: the refund, then the headers.
@@ -1189,6 +1165,15 @@ fn exact_plans<C: Clock>(
         });
     }
     Ok(plans)
+}
+
+/// The error of a plan the layer has no limiter for (never: the layer adds no plans).
+#[cfg(feature = "redis")]
+fn unknown_plan_error(plan: PlanId) -> Error {
+    Error::Config {
+        line: None,
+        message: format!("no exact-mode limiter for plan id {}", plan.0),
+    }
 }
 
 /// The layer's view of plan `id`.

@@ -594,7 +594,7 @@ fn soften(plan: &Compiled, d: &mut Decision) {
 
 /// [`soften`] under a soft strategy: an over-quota denial passes, flagged.
 #[inline(always)]
-fn soften_limited(d: &mut Decision) {
+pub(crate) fn soften_limited(d: &mut Decision) {
     if !d.allowed && d.reason == Reason::Limited {
         d.allowed = true;
         d.reason = Reason::SoftLimit;
