@@ -1552,6 +1552,89 @@ fn sweep_steps() -> usize {
     2 * StoreKind::ALL.len() + 1
 }
 
+/// Keys checked while a table grows (see [`growth`]).
+const GROWTH_HOT_KEYS: u64 = 1_000;
+
+/// Check latency while the same table grows from empty to `cfg.sweep_keys` keys: one thread
+/// checks 1,000 keys already in the table, timed call by call, while another inserts new keys
+/// until the table holds them all (tollgate: a limiter with `max_keys` = that many, whose
+/// shards grow one move at a time; governor: its map rehashing as it grows), against the same
+/// checks with no inserter. Also the inserter's ns per new key.
+fn growth(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<(), String> {
+    let keys = cfg.sweep_keys;
+    let st = streams(GROWTH_HOT_KEYS, Dist::Uniform, 1, cfg.stream_len);
+    fn measure<C: Contender + Sync>(
+        c: &C,
+        name: &str,
+        keys: u64,
+        st: &[Vec<u64>],
+        cfg: &Config,
+        res: &mut Results,
+    ) -> Result<(), String> {
+        fill(c, GROWTH_HOT_KEYS);
+        let (idle, _) = latency(c, st, 1, cfg.latency_samples, cfg.latency_budget);
+        let done = AtomicBool::new(false);
+        let (busy, per_key, rounds) = std::thread::scope(|scope| {
+            let inserter = scope.spawn(|| {
+                let ns = fill_from(c, 1 << 40, keys - GROWTH_HOT_KEYS);
+                // Relaxed: a stop hint; the join orders the rest.
+                done.store(true, Ordering::Relaxed);
+                ns
+            });
+            let mut ticks = Vec::new();
+            let mut rounds = 0;
+            while !done.load(Ordering::Relaxed) {
+                let (round, _) =
+                    latency_ticks(c, st, 1, cfg.latency_samples / 10, cfg.latency_budget);
+                ticks.extend(round);
+                rounds += 1;
+            }
+            let ns = inserter.join().expect("inserter panicked");
+            (percentiles(&quanta::Clock::new(), &mut ticks), ns, rounds)
+        });
+        if rounds < 2 {
+            return Err(format!(
+                "{name}: the table grew to {keys} keys before two rounds of checks were timed"
+            ));
+        }
+        for (state, p) in [("idle", idle), ("growing", busy)] {
+            res.percentiles(case("growth", keys, state, "allow", 1), name, p);
+        }
+        res.push(
+            case("growth", keys, "growing", "allow", 1),
+            name,
+            "new_key_ns",
+            per_key,
+        );
+        Ok(())
+    }
+    for kind in StoreKind::ALL {
+        let name = store_name(kind);
+        progress.step(&format!("growth {} {name}", keys_label(keys)));
+        let c = Tollgate(tollgate_limiter(kind, Load::Allow, keys)?);
+        measure(&c, &name, keys, &st, cfg, res)?;
+        if c.0.len() as u64 != keys {
+            return Err(format!(
+                "{name}: {} keys after growing to {keys}",
+                c.0.len()
+            ));
+        }
+    }
+    progress.step(&format!("growth {} governor", keys_label(keys)));
+    measure(
+        &governor_limiter(Load::Allow),
+        GOVERNOR,
+        keys,
+        &st,
+        cfg,
+        res,
+    )
+}
+
+fn growth_steps() -> usize {
+    StoreKind::ALL.len() + 1
+}
+
 // ---------------------------------------------------------------------------------------------
 // Report
 
@@ -1890,6 +1973,48 @@ fn report(cfg: &Config, res: &Results, elapsed: Duration, timer: (f64, f64)) -> 
     ]
     .map(String::from);
     s += &table(&header, &rows);
+
+    // Growth.
+    let _ = writeln!(
+        s,
+        "\n#### Growth\n\nCheck latency (one thread, allow-heavy, {GROWTH_HOT_KEYS} keys already \
+         in the table) idle and while another thread inserts new keys until the table holds {} \
+         (tollgate: `max_keys` = that many, from its first small tables, each shard growing \
+         one move at a time; governor: its map growing); the inserter's ns per new key.\n",
+        keys_label(k)
+    );
+    let mut rows = Vec::new();
+    for c in StoreKind::ALL
+        .iter()
+        .map(|&k| store_name(k))
+        .chain([GOVERNOR.to_string()])
+    {
+        let l = |state: &'static str, m: &str| res.get(case("growth", k, state, "allow", 1), &c, m);
+        let p = |state: &'static str| {
+            format!(
+                "{} / {} / {}",
+                f(l(state, "p50_ns"), 0),
+                f(l(state, "p99_ns"), 0),
+                f(l(state, "p999_ns"), 0)
+            )
+        };
+        rows.push(vec![
+            c.clone(),
+            p("idle"),
+            p("growing"),
+            ratio(l("growing", "p999_ns"), l("idle", "p999_ns")),
+            f(l("growing", "new_key_ns"), 0),
+        ]);
+    }
+    let header = [
+        "contender",
+        "check p50/p99/p99.9 idle",
+        "while growing",
+        "p99.9 ratio",
+        "new key ns while checked",
+    ]
+    .map(String::from);
+    s += &table(&header, &rows);
     s
 }
 
@@ -2080,7 +2205,7 @@ fn run() -> Result<(), String> {
     let started = Instant::now();
     let mut progress = Progress {
         done: 0,
-        total: throughput_steps(&cfg) + latency_steps(&cfg) + 2 * sweep_steps(),
+        total: throughput_steps(&cfg) + latency_steps(&cfg) + 2 * sweep_steps() + growth_steps(),
         tty: std::io::stderr().is_terminal(),
         started,
     };
@@ -2100,6 +2225,8 @@ fn run() -> Result<(), String> {
     latencies(&cfg, &mut res, &mut progress)?;
     progress.section("sweep");
     sweeps(&cfg, &mut res, &mut progress)?;
+    progress.section("growth");
+    growth(&cfg, &mut res, &mut progress)?;
     let timer = timer_overhead();
     let report = report(&cfg, &res, started.elapsed(), timer);
     progress.section("done");

@@ -17,6 +17,9 @@
 #   blind_removal  the sweep's removal a plain store a little while after its load, and no
 #               transactions: both sweep race tests (tests::flat::sweeps_*_racing_fresh_keys_*)
 #               must see a round admit more than its bound. Only the real-thread tests are asked.
+#   blind_move  a shard's growth moves each slot with a plain store a little while after its
+#               load: the loom model check_against_growth and the real-thread test
+#               (tests::flat::growth_racing_checks_loses_no_charge) must see a charge lost.
 #   live_migration  a key's state moves between live plans (every other live rule of the same
 #               algorithm is taken as a predecessor): the plan tests (tests::plans::*) must see a
 #               rule admit above its bound. Only the unit tests are asked.
@@ -49,14 +52,18 @@ expect_failure() { # name, grep pattern that the failure output must contain, co
     rm -f "$log"
 }
 
-for variant in load_store relaxed torn_load blind_removal live_migration; do
+for variant in load_store relaxed torn_load blind_removal blind_move live_migration; do
     echo "== broken cell: $variant"
     flags="--cfg tollgate_broken=\"$variant\""
     case "$variant" in
         load_store) loom_reason='a charge was lost|state went back|left: [0-9]+' ;;
         relaxed) loom_reason='Causality violation|data race' ;;
     esac
-    if [[ "$variant" != torn_load && "$variant" != blind_removal && "$variant" != live_migration ]]; then
+    if [[ "$variant" == blind_move ]]; then
+        expect_failure "loom store model ($variant)" 'a charge was lost in the move' \
+            env RUSTFLAGS="$flags" TOLLGATE_LOOM_TARGET_DIR="$root/target/broken-loom-$variant" \
+            bash scripts/loom.sh --test store check_against_growth
+    elif [[ "$variant" != torn_load && "$variant" != blind_removal && "$variant" != live_migration ]]; then
         expect_failure "loom suite ($variant)" "$loom_reason" \
             env RUSTFLAGS="$flags" TOLLGATE_LOOM_TARGET_DIR="$root/target/broken-loom-$variant" \
             bash scripts/loom.sh --test cells
@@ -76,6 +83,9 @@ for variant in load_store relaxed torn_load blind_removal live_migration; do
                 "$exe" --exact tests::engine::threads_on_one_key_admit_exactly_burst
             expect_failure "window thread exactness test ($variant)" 'attempt [0-9]+' \
                 "$exe" --exact tests::engine::threads_on_one_key_admit_exactly_the_window_limit
+        elif [[ "$variant" == blind_move ]]; then
+            expect_failure "growth race test ($variant)" 'key [0-9]+' \
+                "$exe" --exact tests::flat::growth_racing_checks_loses_no_charge
         elif [[ "$variant" == live_migration ]]; then
             expect_failure "alternating plans test ($variant)" 'left: \([0-9]+, [0-9]+\)' \
                 "$exe" --exact tests::plans::alternating_plans_each_hold_their_burst

@@ -161,3 +161,30 @@ fn reset_against_check() {
         assert_eq!(l.check(&7).is_allowed(), !admitted);
     });
 }
+
+/// A check racing its shard's move into a larger table (the move a new key past the table's
+/// load makes): the charge lands before the move, and moves with the state, or meets the moved
+/// slot, waits for the move and lands in the new table; never lost, never twice. Burst 2 with
+/// one charge in: exactly one more is admitted, whenever the move comes.
+#[test]
+fn check_against_growth() {
+    model("flat: check against growth", || {
+        let clock = FakeClock::new();
+        let l = limiter(2, &clock);
+        assert!(l.check(&7).is_allowed());
+        let checker = {
+            let l = l.clone();
+            thread::spawn(move || (l.check(&7).is_allowed(), l.check(&7).is_allowed()))
+        };
+        let grower = {
+            let l = l.clone();
+            thread::spawn(move || l.grow_all())
+        };
+        let (second, third) = checker.join().unwrap();
+        grower.join().unwrap();
+        assert!(second, "the second unit of the burst is admitted");
+        assert!(!third, "a charge was lost in the move");
+        assert!(!l.check(&7).is_allowed(), "a charge was lost in the move");
+        assert_eq!(l.len(), 1);
+    });
+}

@@ -406,12 +406,20 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             let rule = &book.rules[usize::from(id)];
             match &self.store {
                 Map::Flat(s) if rule.kind != Kind::Log => {
-                    if let Found::Inline { slot, tag, word } = s.find(rule_hash(hash, id)) {
+                    // A state removed meanwhile (a reset) holds nothing left to take back; one
+                    // that moved (its shard grew) is found again in its new slot.
+                    let mut last = std::ptr::null();
+                    while let Found::Inline { slot, tag, word } = s.find(rule_hash(hash, id)) {
+                        if std::ptr::eq(slot, last) {
+                            break;
+                        }
+                        last = slot;
                         let slot = cell::Inline { slot, tag };
-                        // A slot removed meanwhile (a reset) holds nothing left to take back.
-                        let _ = cell::refund_inline(&slot, word, cost, rule, token, now);
-                        #[cfg(feature = "redis")]
-                        self.refund_shared(key, hash, id, rule, now, cost);
+                        if cell::refund_inline(&slot, word, cost, rule, token, now).is_some() {
+                            #[cfg(feature = "redis")]
+                            self.refund_shared(key, hash, id, rule, now, cost);
+                            break;
+                        }
                     }
                 }
                 Map::Flat(s) => {

@@ -846,6 +846,44 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         }
     }
 
+    /// Bytes of the flat store's tables once every shard has grown to the cap's size, for
+    /// tests; 0 on the dash store.
+    #[cfg(test)]
+    pub(crate) fn cap_bytes(&self) -> usize {
+        match &self.store {
+            Map::Flat(s) => s.cap_bytes(),
+            Map::Dash(_) => 0,
+        }
+    }
+
+    /// Lookups of the flat store that met a shard's move, for tests.
+    #[cfg(test)]
+    pub(crate) fn met_moves(&self) -> usize {
+        match &self.store {
+            Map::Flat(s) => s.met_moves(),
+            Map::Dash(_) => 0,
+        }
+    }
+
+    /// The generation of each of the flat store's shard tables now, for tests.
+    #[cfg(test)]
+    pub(crate) fn generations(&self) -> Vec<usize> {
+        match &self.store {
+            Map::Flat(s) => s.generations(),
+            Map::Dash(_) => Vec::new(),
+        }
+    }
+
+    /// Grows every shard of the flat store into its next table now (those not yet at the
+    /// cap's size), as new states would: for tests and loom models of a move.
+    #[cfg(any(test, tollgate_loom))]
+    #[doc(hidden)]
+    pub fn grow_all(&self) {
+        if let Map::Flat(s) = &self.store {
+            s.grow_all();
+        }
+    }
+
     /// Makes the flat store's probe and sweep load slots through portable-atomic, as on a CPU
     /// without the inline `vmovdqa`, for tests of that path.
     #[cfg(test)]

@@ -368,7 +368,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     ) {
         let h = rule_hash(s.hash(key), id);
         let Found::Inline {
-            slot,
+            mut slot,
             tag,
             mut word,
         } = s.find(h)
@@ -393,7 +393,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             ) {
                 Ok(()) => return,
                 Err((t2, w2)) if t2 == tag => word = w2,
-                Err(_) => return,
+                // Moved (its shard grew): found again in its new slot; else gone.
+                Err(_) => match s.find(h) {
+                    Found::Inline {
+                        slot: moved,
+                        word: w2,
+                        ..
+                    } if !std::ptr::eq(moved, slot) => (slot, word) = (moved, w2),
+                    _ => return,
+                },
             }
         }
     }

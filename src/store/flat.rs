@@ -38,20 +38,39 @@
 //!   no two slots ever hold one fingerprint, a free slot has one writer at a time (so a claim is
 //!   a plain 16-byte store, not a swap), and a marker never vanishes under a check that is
 //!   inserting its entry.
+//! - Growing a shard into its next table: the shard's write lock (see below); lookups of the
+//!   shard wait only if they meet a slot already moved.
 //!
-//! # Memory
+//! # Memory: tables that grow
 //!
-//! The table never grows: it is sized for `max_keys` when built (about 19.4-19.9 bytes per key at
-//! the cap: 16-byte slots at most ~84% full, a one-byte pass count per 64-byte group, plus
-//! slack for uneven shards; a table for at most
-//! 16 Ki keys is sized at 45% instead, 36-50 bytes per key, at most ~580 KiB in all and ~270 KiB
-//! more than at 84%, so most keys sit in the first slot they probe; a table for more keys has
-//! at least as many slots, so up to about 29 Ki keys it is the 16 Ki table) and allocated zeroed,
-//! so the operating system maps its pages only as keys land on them. Probes scan whole 64-byte
-//! groups of four slots (starting, in each group, at a slot picked by the hash), never more
-//! groups than the farthest any key of the shard was placed (`reach`), and stop after a group
-//! that no key has probed past (its pass count is 0), so tombstones left by sweeping cannot
-//! make a miss scan the shard.
+//! `max_keys` is a cap, not a preallocation. Each shard starts with a small table (128 to 255
+//! groups of four slots, 8-16 KiB) and grows, one shard at a time, into a table twice as large
+//! when a claim would take it past 84% of its slots (45% for a cap of at most 16 Ki keys), up
+//! to the last generation, sized for the cap as the whole table used to be: about 19.4-19.9
+//! bytes per key there (16-byte slots at most ~84% full, a one-byte pass count per 64-byte
+//! group, slack for uneven shards, and at most 1/128 more for the doubling steps; a cap of at
+//! most 16 Ki keys is sized at 45% instead, 36-50 bytes per key, at most ~580 KiB in all, so
+//! most keys sit in the first slot they probe). Below the cap a shard's table holds its keys
+//! at 42-84% load: 19-40 bytes per state.
+//!
+//! Every generation's tables (all shards') are one anonymous mapping, reserved when the store
+//! is built (address space only: the operating system hands out pages zeroed, as they are
+//! first written). A shard's table word ([`Shard::table`]) names its table now. A move, under
+//! the shard's write lock (the lock claims take), swaps every slot of the old table to `MOVED`
+//! from what it holds (so a charge racing it either lands first and moves with the state, or
+//! fails and looks again), writes the new table while no lookup can see it, publishes it with
+//! one Release store, and hands the old table's pages back to the operating system
+//! (`MADV_DONTNEED`). A lookup that meets a `MOVED` slot waits for the move (the shard's read
+//! lock) and looks again; one that finds a key absent in a table that is no longer its shard's
+//! looks again too (a handed-back page reads as zeros, `EMPTY`). Tables never shrink. Large
+//! generations (4 MiB and more) start on a 2 MiB boundary and are advised as huge pages when
+//! the first shard grows into them (a grown table is dense); the first generation keeps 4 KiB
+//! pages, so an idle limiter costs a few KiB a shard.
+//!
+//! Probes scan whole 64-byte groups of four slots (starting, in each group, at a slot picked by
+//! the hash), never more groups than the farthest any key of the shard was placed (`reach`),
+//! and stop after a group that no key has probed past (its pass count is 0), so tombstones left
+//! by sweeping cannot make a miss scan the shard.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -75,19 +94,26 @@ const INLINE: u64 = 0b10;
 const SPILLED: u64 = 0b11;
 /// The low tag bits that say which kind of slot it is.
 const KIND: u64 = 0b11;
+/// A slot of a table its shard has grown out of (every slot of it: live, removed or never
+/// used): the state, if any, is in the shard's next table. Neither a fingerprint's tag (those
+/// end in `INLINE` or `SPILLED`) nor `EMPTY` or `TOMB`.
+const MOVED: u64 = 0b101;
 
-/// Shard tables at least this large ask for transparent huge pages, once they hold enough keys.
+/// The low bits of a shard's table word that hold its table's generation; the rest is the
+/// address of the table's first group (64-byte aligned, so those bits are free).
+const GEN_BITS: usize = 63;
+/// Groups of a shard's first table, at least (8 KiB; the last table has at most 1/128 more
+/// groups than the cap needs, see [`FlatStore::new`]). Loom models start at one group, so a few
+/// states make a shard grow.
+#[cfg(not(tollgate_loom))]
+const FIRST_GROUPS: usize = 128;
+#[cfg(tollgate_loom)]
+const FIRST_GROUPS: usize = 1;
+
+/// A generation's tables (all shards') at least this large ask for transparent huge pages when
+/// the first shard grows into them (a grown table is dense: its keys fill 42-84% of its slots).
 #[cfg(not(tollgate_loom))]
 const HUGE_TABLE_BYTES: usize = 4 << 20;
-/// Keys per 2 MiB of table at which the table asks for huge pages: at 4 KiB pages, random keys
-/// have then made about 512 KiB of each 2 MiB resident, and the table is in use enough for the
-/// TLB to matter. Below it a table stays in 4 KiB pages, so a limiter sized for a million keys
-/// that holds a hundred costs a few hundred KiB, not 18 MiB of huge pages.
-#[cfg(not(tollgate_loom))]
-const HUGE_KEYS_PER_PAGE: usize = 128;
-/// `MADV_COLLAPSE` (Linux 6.1), not in every libc crate version's constants.
-#[cfg(all(not(tollgate_loom), target_os = "linux"))]
-const MADV_COLLAPSE: libc::c_int = 25;
 /// The size (and alignment) of a transparent huge page on x86-64 and most arm64 kernels.
 #[cfg(not(tollgate_loom))]
 const HUGE_PAGE: usize = 2 << 20;
@@ -191,16 +217,34 @@ pub(crate) enum Found<'a> {
 struct Free<'a> {
     slot: &'a AtomicPair,
     distance: usize,
+    /// The slot was never used (not a tombstone): claiming it raises the table's `used`.
+    empty: bool,
+}
+
+/// One table of a shard: its groups and their pass counts, and the shard's table word that
+/// names it (see [`Shard::table`]).
+#[derive(Clone, Copy)]
+struct Table<'a> {
+    groups: &'a [Group],
+    passes: &'a [AtomicU8],
+    word: usize,
 }
 
 /// A shard's spilled states, by (key, rule).
 type Spill<K> = HashMap<(K, RuleId), Cell, ahash::RandomState>;
 
 struct Shard<K> {
-    /// This shard's groups: `table[start..start + per_shard]`.
-    start: usize,
+    /// This shard's place among the shards (its tables' place in each generation's map).
+    index: usize,
+    /// The shard's table now: the address of its first group, with its generation in the low
+    /// bits ([`GEN_BITS`]). Changes only under `spill`'s write lock, when the shard grows.
+    table: AtomicUsize,
+    /// Slots of the current table that are not `EMPTY` (live states and tombstones): past the
+    /// generation's load the shard grows. Changes only under `spill`'s write lock.
+    used: AtomicUsize,
     /// Groups a lookup scans at most: one more than the farthest from its home group that any
-    /// key of this shard was ever placed. Only raised, under `spill`'s write lock.
+    /// key of this shard was ever placed, in any of its tables. Only raised, under `spill`'s
+    /// write lock.
     reach: AtomicUsize,
     /// Cells of spilled states. Its write lock also serialises slot claims and marker removal.
     spill: CachePadded<RwLock<Spill<K>>>,
@@ -208,14 +252,19 @@ struct Shard<K> {
 
 /// The lock-free store (see the module docs).
 pub(crate) struct FlatStore<K> {
-    /// Every shard's slots, in one mapping (so huge pages can cover it whole).
-    table: Groups,
+    /// The tables of each generation: generation `g` holds every shard's table of
+    /// `first_groups << g` groups, in one mapping (so huge pages can cover it whole). A shard
+    /// starts in generation 0 and grows one generation at a time, up to the last, sized for
+    /// the cap.
+    gens: Box<[Groups]>,
+    /// Groups of a shard's table in generation 0.
+    first_groups: usize,
+    /// Live slots per hundred at which a shard grows into its next table.
+    grow_percent: usize,
     hasher: ahash::RandomState,
     shards: Box<[Shard<K>]>,
     /// `64 - log2(shards)`: a key's shard is its hash's top bits.
     shard_shift: u32,
-    /// Groups in each shard (every shard has as many).
-    per_shard: usize,
     /// Slots taken (inline keys and markers); never above `max_keys`.
     len: CachePadded<AtomicUsize>,
     max_keys: usize,
@@ -229,11 +278,15 @@ pub(crate) struct FlatStore<K> {
     /// landed): the evidence, for tests, that a sweep raced a check.
     #[cfg(test)]
     lost_removals: AtomicUsize,
+    /// Lookups that met a move (a moved slot, or an old table): the evidence, for tests, that
+    /// a check raced a shard's growth.
+    #[cfg(test)]
+    met_moves: AtomicUsize,
 }
 
 impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// A store for at most `max_keys` states in `shards` shards (a power of two, at least 2).
-    /// `None` when a table that large cannot be mapped (a `max_keys` meant as "unbounded", say).
+    /// `None` when tables that large cannot be mapped (a `max_keys` meant as "unbounded", say).
     pub(crate) fn new(shards: usize, max_keys: usize, on_full: OnFull) -> Option<Self> {
         let shards = shards.max(2).next_power_of_two();
         let per_shard = max_keys.div_ceil(shards);
@@ -245,20 +298,39 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         let slots = (per_shard.checked_mul(100)? / LOAD_PERCENT).max(small) + slack;
         // Group indices are computed from 32 hash bits.
         let groups = u32::try_from(slots.div_ceil(GROUP).max(2)).ok()? as usize;
+        // Generations: the first of at least FIRST_GROUPS groups (or all of them, for a small
+        // cap), each next one twice as large, the last at least `groups` (and at most
+        // `groups / FIRST_GROUPS` more).
+        let mut last = 0;
+        while groups.div_ceil(2 << last) >= FIRST_GROUPS && 2 << last <= groups {
+            last += 1;
+        }
+        let first = groups.div_ceil(1 << last);
+        u32::try_from(first << last).ok()?;
+        let gens = (0..=last)
+            .map(|g| Groups::new(shards, first << g, g))
+            .collect::<Option<Box<[_]>>>()?;
         Some(FlatStore {
-            table: Groups::new(groups.checked_mul(shards)?)?,
-            hasher: super::random_state(),
             shards: (0..shards)
                 .map(|i| Shard {
-                    start: i * groups,
+                    index: i,
+                    table: AtomicUsize::new(gens[0].groups(i).as_ptr() as usize),
+                    used: AtomicUsize::new(0),
                     reach: AtomicUsize::new(1),
                     spill: CachePadded::new(RwLock::new(HashMap::with_hasher(
                         super::random_state(),
                     ))),
                 })
                 .collect(),
+            gens,
+            first_groups: first,
+            grow_percent: if max_keys <= SMALL_KEYS {
+                SMALL_LOAD_PERCENT
+            } else {
+                LOAD_PERCENT
+            },
+            hasher: super::random_state(),
             shard_shift: 64 - shards.trailing_zeros(),
-            per_shard: groups,
             len: CachePadded::new(AtomicUsize::new(0)),
             max_keys,
             on_full,
@@ -266,6 +338,8 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
             rtm: sync::Rtm::detect(),
             #[cfg(test)]
             lost_removals: AtomicUsize::new(0),
+            #[cfg(test)]
+            met_moves: AtomicUsize::new(0),
         })
     }
 
@@ -280,18 +354,18 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     #[inline(always)]
     fn sweep_inline(
         &self,
-        shard: &Shard<K>,
+        table: Table<'_>,
         fresh: Fresh<'_>,
         load: impl sync::PairLoad,
     ) -> (usize, usize, bool, Uncounts) {
-        self.sweep_slots(shard, load, |t, word| fresh.word(rule_of(t), word))
+        self.sweep_slots(table, load, |t, word| fresh.word(rule_of(t), word))
     }
 
     /// [`sweep_inline`](Self::sweep_inline)'s loop, for the freshness test `fresh`.
     #[inline(always)]
     fn sweep_slots(
         &self,
-        shard: &Shard<K>,
+        table: Table<'_>,
         load: impl sync::PairLoad,
         fresh: impl Fn(u64, u64) -> bool,
     ) -> (usize, usize, bool, Uncounts) {
@@ -300,12 +374,14 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         let mut rtm = self.rtm;
         let mut batch = Vec::with_capacity(if rtm.is_some() { RTM_BATCH } else { 0 });
         let mut aborts = 0;
-        let groups = self.groups(shard);
+        let groups = table.groups;
         for (g, group) in groups.iter().enumerate() {
             for slot in &group.0 {
                 // Acquire: see `find`.
                 let (t, word) = load.load(slot);
-                if t == EMPTY || t == TOMB {
+                // EMPTY, TOMB and MOVED (a table the shard grew out of under the sweep: its
+                // states are swept in the new one next time) hold nothing to sweep.
+                if t & INLINE == 0 {
                     continue;
                 }
                 if t & KIND == SPILLED {
@@ -394,15 +470,51 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         done
     }
 
-    /// Bytes of the slot table (mapped outside the global allocator; resident as touched).
+    /// Bytes of the shards' tables now (slots and pass counts; mapped outside the global
+    /// allocator, resident as touched): they grow with the states held, up to
+    /// [`cap_bytes`](Self::cap_bytes).
     pub(crate) fn table_bytes(&self) -> usize {
-        self.table.len * (std::mem::size_of::<Group>() + 1)
+        let per_group = std::mem::size_of::<Group>() + 1;
+        self.shards
+            .iter()
+            .map(|shard| self.table(shard).groups.len() * per_group)
+            .sum()
     }
 
-    /// The address of the first slot, for tests.
+    /// Bytes of the shards' tables once all have grown to the cap's size.
+    #[cfg(test)]
+    pub(crate) fn cap_bytes(&self) -> usize {
+        let last = self.gens.last().expect("at least one generation");
+        last.total * (std::mem::size_of::<Group>() + 1)
+    }
+
+    /// The address of the first slot of the last generation's tables, for tests.
     #[cfg(test)]
     pub(crate) fn table_address(&self) -> usize {
-        self.table.get().as_ptr() as usize
+        let last = self.gens.last().expect("at least one generation");
+        last.all().as_ptr() as usize
+    }
+
+    /// Grows every shard into its next table now (those not at the last already), for tests and
+    /// models of a move.
+    #[cfg(any(test, tollgate_loom))]
+    pub(crate) fn grow_all(&self) {
+        for shard in self.shards.iter() {
+            let _claims = sync::write(&shard.spill);
+            // Relaxed: under the lock.
+            if (shard.table.load(Ordering::Relaxed) & GEN_BITS) + 1 < self.gens.len() {
+                self.grow(shard);
+            }
+        }
+    }
+
+    /// The generation of each shard's table now, for tests.
+    #[cfg(test)]
+    pub(crate) fn generations(&self) -> Vec<usize> {
+        self.shards
+            .iter()
+            .map(|shard| self.table(shard).word & GEN_BITS)
+            .collect()
     }
 
     /// Loads slots through portable-atomic from now on (see [`Limiter::without_inline_load`]).
@@ -427,6 +539,12 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
 
     /// See the field.
     #[cfg(test)]
+    pub(crate) fn met_moves(&self) -> usize {
+        self.met_moves.load(Ordering::Relaxed)
+    }
+
+    /// See the field.
+    #[cfg(test)]
     pub(crate) fn lost_removals(&self) -> usize {
         self.lost_removals.load(Ordering::Relaxed)
     }
@@ -438,12 +556,12 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     pub(crate) fn wrong_pass_counts(&self) -> Vec<WrongPassCount> {
         let mut wrong = Vec::new();
         for (i, shard) in self.shards.iter().enumerate() {
-            let (groups, passes) = (self.groups(shard), self.passes(shard));
+            let Table { groups, passes, .. } = self.table(shard);
             let mut expected = vec![0usize; groups.len()];
             for (at, group) in groups.iter().enumerate() {
                 for slot in &group.0 {
                     let (t, _) = slot.load(Ordering::Acquire);
-                    if t > TOMB {
+                    if t & INLINE != 0 {
                         let mut g = Self::home(groups, t);
                         while g != at {
                             expected[g] += 1;
@@ -465,9 +583,9 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// For tests: the largest pass count in the table.
     #[cfg(test)]
     pub(crate) fn max_pass_count(&self) -> u8 {
-        self.table
-            .passes()
+        self.shards
             .iter()
+            .flat_map(|shard| self.table(shard).passes)
             .map(|c| c.load(Ordering::Relaxed))
             .max()
             .unwrap_or(0)
@@ -477,15 +595,14 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// is in the first slot its probe reads); `None` when no slot holds it.
     #[cfg(test)]
     pub(crate) fn placement(&self, hash: u64) -> Option<(usize, bool)> {
-        let shard = self.shard(hash);
-        let groups = self.groups(shard);
+        let groups = self.table(self.shard(hash)).groups;
         let home = Self::home(groups, hash);
         let first = Self::first_slot(hash);
         (0..groups.len()).find_map(|d| {
             let group = &groups[(home + d) % groups.len()].0;
             (0..GROUP).find_map(|j| {
                 let t = group[j].load(Ordering::Acquire).0;
-                (t != EMPTY && t != TOMB && t & !KIND == hash & !KIND).then_some((d, j == first))
+                (t & INLINE != 0 && t & !KIND == hash & !KIND).then_some((d, j == first))
             })
         })
     }
@@ -500,10 +617,21 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         &self.shards[(hash >> self.shard_shift) as usize]
     }
 
-    /// The groups of `shard`.
+    /// `shard`'s table now. Acquire: as in [`find`](Self::find).
     #[inline]
-    fn groups(&self, shard: &Shard<K>) -> &[Group] {
-        &self.table.get()[shard.start..][..self.per_shard]
+    fn table(&self, shard: &Shard<K>) -> Table<'_> {
+        self.table_of(shard, shard.table.load(Ordering::Acquire))
+    }
+
+    /// The table of `shard` that `word` names (its table now or an earlier one).
+    #[inline]
+    fn table_of(&self, shard: &Shard<K>, word: usize) -> Table<'_> {
+        let generation = &self.gens[word & GEN_BITS];
+        Table {
+            groups: generation.groups(shard.index),
+            passes: generation.passes(shard.index),
+            word,
+        }
     }
 
     /// The group a hash starts probing at: the low 32 bits scaled to the group count.
@@ -524,14 +652,6 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         (((hash >> 32) + (hash >> crate::store::RULE_SHIFT)) as usize) % GROUP
     }
 
-    /// The group `hash`'s probe starts at, as an index into the whole table: its shard's groups
-    /// begin at `shard * per_shard`, and its home among them is [`home`](Self::home). Reads no
-    /// shard.
-    #[inline(always)]
-    fn home_in_table(&self, hash: u64) -> usize {
-        (hash >> self.shard_shift) as usize * self.per_shard + Self::home_of(self.per_shard, hash)
-    }
-
     /// [`home`](Self::home) for a shard of `groups` groups. The two bits a tag replaces by its
     /// kind take no part, so a slot's tag tells its key's home (see [`displaced`](Self::displaced)),
     /// nor do the rule's id bits, so every rule of a key has the same home (see [`rule_hash`]).
@@ -540,18 +660,12 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         (((hash & 0xFFFF_F800) * groups as u64) >> 32) as usize
     }
 
-    /// The pass counts of `shard`'s groups (see [`Groups`]).
-    #[inline]
-    fn passes(&self, shard: &Shard<K>) -> &[AtomicU8] {
-        &self.table.passes()[shard.start..][..self.per_shard]
-    }
-
-    /// Counts a key placed `distance` groups from `hash`'s home as passing each group before
-    /// its own. Under `shard`'s write lock (every write of a count holds it, so a load and a
-    /// store, not an atomic update), before the key's tag is published.
-    fn count_passes(&self, shard: &Shard<K>, hash: u64, distance: usize) {
-        let passes = self.passes(shard);
-        let mut g = Self::home(self.groups(shard), hash);
+    /// Counts a key placed `distance` groups from `hash`'s home in `table` as passing each
+    /// group before its own. Under the shard's write lock (every write of a count holds it, so a
+    /// load and a store, not an atomic update), before the key's tag is published.
+    fn count_passes(table: Table<'_>, hash: u64, distance: usize) {
+        let passes = table.passes;
+        let mut g = Self::home(table.groups, hash);
         for _ in 0..distance {
             let c = &passes[g];
             // Relaxed: published with the key's tag (the claim's Release store), and only read
@@ -565,16 +679,18 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         }
     }
 
-    /// Where the key whose tag `t` sits in `slot` lies outside its home group: `(home, group)`,
-    /// group indices in its shard, for [`uncount_passes`](Self::uncount_passes) once the slot
-    /// has turned `TOMB`.
+    /// Where the key whose tag `t` sits in `slot` of `table` lies outside its home group:
+    /// `(home, group)`, group indices in the table, for
+    /// [`uncount_passes`](Self::uncount_passes) once the slot has turned `TOMB`. `None` too when
+    /// `slot` is not in `table` (it was in a table the shard has since grown out of, whose
+    /// counts no longer matter).
     #[inline]
-    fn displaced(&self, t: u64, slot: &AtomicPair) -> Option<(usize, usize)> {
-        let groups = self.groups(self.shard(t));
-        let at = (slot as *const AtomicPair as usize - groups.as_ptr() as usize)
-            / std::mem::size_of::<Group>();
+    fn displaced(table: Table<'_>, t: u64, slot: &AtomicPair) -> Option<(usize, usize)> {
+        let groups = table.groups;
+        let offset = (slot as *const AtomicPair as usize).wrapping_sub(groups.as_ptr() as usize);
+        let at = offset / std::mem::size_of::<Group>();
         let home = Self::home(groups, t);
-        (home != at).then_some((home, at))
+        (at < groups.len() && home != at).then_some((home, at))
     }
 
     /// Notes in `uncounts` the pass counts owed for the key that `removal` took out of its slot,
@@ -588,10 +704,10 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         uncounts.removed(groups.len(), Self::home(groups, removal.tag()), at);
     }
 
-    /// Pays what a sweep's removals owe `shard`'s pass counts. Under `shard`'s write lock.
-    fn apply_uncounts(&self, shard: &Shard<K>, uncounts: &Uncounts) {
+    /// Pays what a sweep's removals owe `table`'s pass counts. Under the shard's write lock.
+    fn apply_uncounts(table: Table<'_>, uncounts: &Uncounts) {
         let mut run = uncounts.wraps;
-        for (c, d) in self.passes(shard).iter().zip(&uncounts.diffs) {
+        for (c, d) in table.passes.iter().zip(&uncounts.diffs) {
             run += d;
             // Relaxed load: counts change only under the lock we hold. Release store: see
             // `uncount_passes`. Stored whether or not it changed, so the loop has no branch.
@@ -602,10 +718,10 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         }
     }
 
-    /// Uncounts a removed key that lay in group `at` of `shard`, probing from `home` (see
-    /// [`displaced`](Self::displaced)). Under `shard`'s write lock.
-    fn uncount_passes(&self, shard: &Shard<K>, (home, at): (usize, usize)) {
-        let passes = self.passes(shard);
+    /// Uncounts a removed key that lay in group `at` of `table`, probing from `home` (see
+    /// [`displaced`](Self::displaced)). Under the shard's write lock.
+    fn uncount_passes(table: Table<'_>, (home, at): (usize, usize)) {
+        let passes = table.passes;
         let mut g = home;
         while g != at {
             let c = &passes[g];
@@ -624,8 +740,22 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// Starts loading the cache line `key`'s probe starts at (for batches).
     #[inline]
     pub(crate) fn prefetch(&self, hash: u64) {
-        let group = &self.table.get()[self.home_in_table(hash)];
+        let shard = self.shard(hash);
+        // Relaxed: a hint; whatever table it names lives as long as `self`.
+        let (group, _) = self.home_group(shard.table.load(Ordering::Relaxed), hash);
         prefetch_line(group as *const Group as *const u8);
+    }
+
+    /// The home group of `hash` in the table named by `word` (see [`Shard::table`]), and the
+    /// table's length in groups. Reads no memory but `word`.
+    #[inline(always)]
+    fn home_group(&self, word: usize, hash: u64) -> (&Group, usize) {
+        let len = self.first_groups << (word & GEN_BITS);
+        let first = (word & !GEN_BITS) as *const Group;
+        // SAFETY: `word` names a table of `len` groups in one of `self.gens`' maps (every table
+        // word does: see `FlatStore::new` and `grow`), which live as long as `self`, and the
+        // home is below `len`.
+        (unsafe { &*first.add(Self::home_of(len, hash)) }, len)
     }
 
     /// Finds the slot of the key hashed to `hash`. No lock, no write.
@@ -639,9 +769,18 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// full table, whose keys are in random positions (1,000 random keys in a table of 1,000:
     /// a denial 30.3 -> 27.0 ns, together with the clock read's move in `Limiter::check`).
     /// The rest of the probe runs out of line ([`find_on`](Self::find_on)).
+    ///
+    /// The shard's table is read first (its word: see [`Shard::table`]). A lookup that meets a
+    /// slot the shard has moved out of waits for the move to end and looks again; one that
+    /// finds the key absent in a table that is no longer the shard's looks again too (the old
+    /// table's pages may have been handed back, reading as `EMPTY`).
     #[inline(always)]
     pub(crate) fn find(&self, hash: u64) -> Found<'_> {
-        let group = &self.table.get()[self.home_in_table(hash)].0;
+        let shard = self.shard(hash);
+        // Acquire: pairs with the Release that published a grown table, so the slots and
+        // counts moved into it are seen.
+        let table = shard.table.load(Ordering::Acquire);
+        let group = &self.home_group(table, hash).0.0;
         let slot = &group[Self::first_slot(hash)];
         // Acquire (`cell::ACQUIRE`, which the deliberately broken build weakens, for
         // portable-atomic's load and so under loom; the inline `vmovdqa` is an x86 load, always
@@ -660,7 +799,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         // stops here; an existing key's first slot is never EMPTY, so this never mispredicts
         // for it.
         if t == EMPTY {
-            return Found::Absent;
+            return self.absent(shard, table, hash);
         }
         if let Some(v) = self.vmovdqa {
             let pairs: [(u64, u64); GROUP] =
@@ -675,7 +814,39 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                 };
             }
         }
-        self.find_on(hash, t)
+        self.find_on(hash, table, t)
+    }
+
+    /// What a probe of the table named by `table` that found no key means: `Absent` while it
+    /// is still the shard's table; else the shard grew meanwhile, and the key is looked up again.
+    #[inline(always)]
+    fn absent(&self, shard: &Shard<K>, table: usize, hash: u64) -> Found<'_> {
+        // Acquire: as in `find`. A lookup that read an old table's handed-back (zeroed) page
+        // reads the word that replaced it: the move published it before handing the page back.
+        if shard.table.load(Ordering::Acquire) == table {
+            return Found::Absent;
+        }
+        self.find_again(hash)
+    }
+
+    /// [`find`](Self::find) again, out of line, after the shard grew under a lookup.
+    #[cold]
+    #[inline(never)]
+    fn find_again(&self, hash: u64) -> Found<'_> {
+        #[cfg(test)]
+        self.met_moves.fetch_add(1, Ordering::Relaxed);
+        self.find(hash)
+    }
+
+    /// A lookup met a slot its shard has moved out of: it waits for the move (its shard's write
+    /// lock) to end, then looks again.
+    #[cold]
+    #[inline(never)]
+    fn after_move(&self, shard: &Shard<K>, hash: u64) -> Found<'_> {
+        drop(sync::read(&shard.spill));
+        #[cfg(test)]
+        self.met_moves.fetch_add(1, Ordering::Relaxed);
+        self.find(hash)
     }
 
     /// A probe's load of `slot`, with at least acquire ordering: the inline `vmovdqa` where the
@@ -689,24 +860,27 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         }
     }
 
-    /// The rest of [`find`](Self::find)'s probe, whose first slot held `first_tag` (not the
-    /// key's inline tag, nor EMPTY: `find` answers those itself).
+    /// The rest of [`find`](Self::find)'s probe in the table named by `table`, whose first
+    /// slot held `first_tag` (not the key's inline tag, nor EMPTY: `find` answers those itself).
     #[inline(never)]
-    fn find_on(&self, hash: u64, first_tag: u64) -> Found<'_> {
+    fn find_on(&self, hash: u64, table: usize, first_tag: u64) -> Found<'_> {
         let (inline, spilled) = (tag(hash, INLINE), tag(hash, SPILLED));
         if first_tag == spilled {
             return Found::Spilled;
         }
         let shard = self.shard(hash);
-        let groups = self.groups(shard);
+        if first_tag == MOVED {
+            return self.after_move(shard, hash);
+        }
+        let Table { groups, passes, .. } = self.table_of(shard, table);
         let n = groups.len();
         let mut g = Self::home(groups, hash);
         // Relaxed: a stale (smaller) reach can only make a lookup miss a key placed far away
         // just now; a miss goes to `insert_inline` or the spill path, which look again under
-        // the write lock, where reach is exact.
-        let reach = shard.reach.load(Ordering::Relaxed);
+        // the write lock, where reach is exact. Reach is the farthest over all of the shard's
+        // tables, so it may exceed this one's length.
+        let reach = shard.reach.load(Ordering::Relaxed).min(n);
         let first = Self::first_slot(hash);
-        let passes = self.passes(shard);
         // The first slot of the home group was read by `find`.
         let mut skip = 1;
         for _ in 0..reach {
@@ -722,34 +896,36 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                     return Found::Spilled;
                 }
                 if t == EMPTY {
-                    return Found::Absent;
+                    return self.absent(shard, table, hash);
+                }
+                if t == MOVED {
+                    return self.after_move(shard, hash);
                 }
             }
             // No key lies beyond a group that no key has passed. Acquire: pairs with the
             // Release of `uncount_passes`; a count raised by a claim we do not see yet is a key that
             // arrived after this lookup (like a stale reach, above).
             if passes[g].load(Ordering::Acquire) == 0 {
-                return Found::Absent;
+                return self.absent(shard, table, hash);
             }
             skip = 0;
             g = if g + 1 == n { 0 } else { g + 1 };
         }
-        Found::Absent
+        self.absent(shard, table, hash)
     }
 
     /// Under `shard`'s write lock: the slot holding the key (inline or spilled), or the first
-    /// free slot its probe passes (none when the shard is full).
+    /// free slot its probe passes (none when the shard's table is full).
     fn probe_locked<'a>(
         &'a self,
         shard: &Shard<K>,
         hash: u64,
     ) -> Result<(&'a AtomicPair, (u64, u64)), Option<Free<'a>>> {
-        let groups = self.groups(shard);
+        let Table { groups, passes, .. } = self.table(shard);
         let (inline, spilled) = (tag(hash, INLINE), tag(hash, SPILLED));
         let n = groups.len();
         // Relaxed: reach only changes under the write lock, which we hold.
         let reach = shard.reach.load(Ordering::Relaxed);
-        let passes = self.passes(shard);
         let mut free = None;
         let mut g = Self::home(groups, hash);
         let first = Self::first_slot(hash);
@@ -763,7 +939,11 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                     return Ok((slot, seen));
                 }
                 if (seen.0 == EMPTY || seen.0 == TOMB) && free.is_none() {
-                    free = Some(Free { slot, distance });
+                    free = Some(Free {
+                        slot,
+                        distance,
+                        empty: seen.0 == EMPTY,
+                    });
                 }
                 if seen.0 == EMPTY {
                     return Err(free);
@@ -778,6 +958,95 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
             g = if g + 1 == n { 0 } else { g + 1 };
         }
         Err(free)
+    }
+
+    /// Under `shard`'s write lock, before a claim of a new state: grows the shard into its next
+    /// table when the claim would take its table past the generation's load, or the table has
+    /// no free slot on the key's probe (`full`). True when it grew.
+    fn grow_for_claim(&self, shard: &Shard<K>, full: bool) -> bool {
+        // Relaxed: `table` and `used` change only under the lock we hold.
+        let word = shard.table.load(Ordering::Relaxed);
+        let generation = word & GEN_BITS;
+        if generation + 1 == self.gens.len() {
+            return false;
+        }
+        let slots = (self.first_groups << generation) * GROUP;
+        let used = shard.used.load(Ordering::Relaxed);
+        if !full && (used + 1) * 100 <= slots * self.grow_percent {
+            return false;
+        }
+        self.grow(shard);
+        true
+    }
+
+    /// Moves `shard` into its next generation's table, under its write lock. One shard at a
+    /// time; lookups of other shards go on, and lookups of this one go on in the old table
+    /// until they meet a slot already moved, then wait for the move to end (see `find_on`).
+    ///
+    /// Each slot of the old table, live or not, is swapped to `MOVED` from what it holds, so a
+    /// charge either lands before the move (and moves with the state) or fails and looks again:
+    /// no charge is lost or counted twice. The new table is written while no lookup can see it
+    /// and published with one Release store; then the old one is handed back to the system.
+    fn grow(&self, shard: &Shard<K>) {
+        let old = self.table(shard);
+        let generation = old.word & GEN_BITS;
+        let next = &self.gens[generation + 1];
+        next.entered();
+        let word = next.groups(shard.index).as_ptr() as usize | (generation + 1);
+        let new = self.table_of(shard, word);
+        let (mut used, mut farthest) = (0, 0);
+        for slot in old.groups.iter().flat_map(|g| &g.0) {
+            // Acquire (`cell::ACQUIRE`): see `find`.
+            let mut seen = self.load(slot);
+            // AcqRel: ordered with every charge of the slot, like a removal (see `evict_one`).
+            #[cfg(not(tollgate_broken = "blind_move"))]
+            while let Err(now) =
+                slot.compare_exchange(seen, (MOVED, 0), Ordering::AcqRel, crate::cell::ACQUIRE)
+            {
+                seen = now;
+            }
+            // The deliberately broken build (scripts/must-fail.sh): a plain store a little
+            // while after the load, so a charge landing in between is lost with the move.
+            #[cfg(tollgate_broken = "blind_move")]
+            {
+                #[cfg(not(tollgate_loom))]
+                std::thread::yield_now();
+                slot.store(MOVED, 0, Ordering::Release);
+            }
+            if seen.0 & INLINE != 0 {
+                farthest = farthest.max(Self::place(new, seen));
+                used += 1;
+            }
+        }
+        // Relaxed: under the lock (see `claim`); reach only grows.
+        if farthest + 1 > shard.reach.load(Ordering::Relaxed) {
+            shard.reach.store(farthest + 1, Ordering::Relaxed);
+        }
+        shard.used.store(used, Ordering::Relaxed);
+        // Release: publishes the moved slots and counts (pairs with `find`'s Acquire).
+        shard.table.store(word, Ordering::Release);
+        self.gens[generation].release(shard.index);
+    }
+
+    /// Writes the state `(t, word)` into the first free slot of its probe in `table`, a table
+    /// no lookup sees yet (Relaxed stores: published by the table word's Release); the
+    /// distance from its home group.
+    fn place(table: Table<'_>, (t, word): (u64, u64)) -> usize {
+        let groups = table.groups;
+        let mut g = Self::home(groups, t);
+        let first = Self::first_slot(t);
+        for distance in 0..groups.len() {
+            for j in 0..GROUP {
+                let slot = &groups[g].0[(first + j) % GROUP];
+                if slot.load(Ordering::Relaxed).0 == EMPTY {
+                    Self::count_passes(table, t, distance);
+                    slot.store(t, word, Ordering::Relaxed);
+                    return distance;
+                }
+            }
+            g = if g + 1 == groups.len() { 0 } else { g + 1 };
+        }
+        unreachable!("a grown table has twice the slots of the one it replaces");
     }
 
     /// Takes one slot of the cap; false when the table is full.
@@ -817,6 +1086,11 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                 free = Some(nearer);
             }
         }
+        // Past its generation's load, or with no free slot on the key's probe, the shard grows
+        // into its next table first (where the key, absent before, has a free slot).
+        if self.grow_for_claim(shard, free.is_none()) {
+            free = self.probe_locked(shard, hash).err().flatten();
+        }
         let Some(free) = free else {
             self.release(1);
             return Err(Full);
@@ -827,9 +1101,13 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         if free.distance + 1 > shard.reach.load(Ordering::Relaxed) {
             shard.reach.store(free.distance + 1, Ordering::Relaxed);
         }
-        self.count_passes(shard, hash, free.distance);
-        // Relaxed: a size for the huge-page threshold.
-        self.table.grew(self.len.load(Ordering::Relaxed));
+        Self::count_passes(self.table(shard), hash, free.distance);
+        if free.empty {
+            // Relaxed: changes only under this lock.
+            shard
+                .used
+                .store(shard.used.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        }
         // Release: publishes the state with the tag (pairs with `find`'s Acquire). A plain
         // store, not a swap (one locked instruction fewer per new key; 1M keys through
         // `check_many`, one thread, 90.6-102.0 -> 77.4-78.3 ns a new key): every other write to
@@ -852,14 +1130,17 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         let shards = (0..EVICT_SHARDS.min(self.shards.len()))
             .map(|i| &self.shards[(first + i) % self.shards.len()]);
         let near = shards.flat_map(|shard| {
-            let groups = self.groups(shard);
+            let table = self.table(shard);
+            let groups = table.groups;
             let home = Self::home(groups, hash);
+            let mine = std::ptr::eq(shard, own);
             groups[home..]
                 .iter()
                 .chain(&groups[..home])
                 .take(EVICT_GROUPS)
+                .map(move |group| (table, mine, group))
         });
-        for group in near {
+        for (table, mine, group) in near {
             for slot in &group.0 {
                 // Acquire: see `find`.
                 let (t, word) = slot.load(Ordering::Acquire);
@@ -868,8 +1149,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                 }
                 // A key outside its home group is uncounted under its shard's lock, which we
                 // hold only for the new key's shard: elsewhere such a key is not a victim.
-                let displaced = self.displaced(t, slot);
-                let mine = std::ptr::eq(self.shard(t), own);
+                let displaced = Self::displaced(table, t, slot);
                 if displaced.is_some() && !mine {
                     continue;
                 }
@@ -881,7 +1161,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                         .is_ok()
                 {
                     if let Some(d) = displaced {
-                        self.uncount_passes(own, d);
+                        Self::uncount_passes(table, d);
                     }
                     self.release(1);
                     fresh.evicted(rule_of(t));
@@ -913,8 +1193,8 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                     .compare_exchange(seen, (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
-                    if let Some(d) = self.displaced(seen.0, slot) {
-                        self.uncount_passes(shard, d);
+                    if let Some(d) = Self::displaced(self.table(shard), seen.0, slot) {
+                        Self::uncount_passes(self.table(shard), d);
                     }
                     self.release(1);
                     fresh.evicted(victim.1);
@@ -942,9 +1222,14 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                 .compare_exchange((t, word), (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                if let Some(d) = self.displaced(t, slot) {
+                // Under the lock, in the table the shard has then: a slot of a table it grew
+                // out of meanwhile owes nothing (the move counted the new table afresh).
+                if Self::displaced(self.table(shard), t, slot).is_some() {
                     let _counts = sync::write(&shard.spill);
-                    self.uncount_passes(shard, d);
+                    let table = self.table(shard);
+                    if let Some(d) = Self::displaced(table, t, slot) {
+                        Self::uncount_passes(table, d);
+                    }
                 }
                 self.release(1);
                 return Some(true);
@@ -1067,8 +1352,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
                                 )
                                 .is_ok()
                         {
-                            if let Some(d) = self.displaced(seen.0, slot) {
-                                self.uncount_passes(shard, d);
+                            let table = self.table(shard);
+                            if let Some(d) = Self::displaced(table, seen.0, slot) {
+                                Self::uncount_passes(table, d);
                             }
                             self.release(1);
                         }
@@ -1087,24 +1373,34 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
         let Some(shard) = self.shards.get(shard) else {
             return (0, 0);
         };
+        let table = self.table(shard);
         // One loop per load, picked here rather than once a slot.
         let (mut visited, mut removed, markers, uncounts) = match self.vmovdqa {
-            Some(load) => self.sweep_inline(shard, fresh, load),
-            None => self.sweep_inline(shard, fresh, sync::Dispatched),
+            Some(load) => self.sweep_inline(table, fresh, load),
+            None => self.sweep_inline(table, fresh, sync::Dispatched),
+        };
+        // The counts the removals owe, under the lock, if the shard has not grown out of the
+        // swept table meanwhile (a move counts the new table afresh).
+        let pay = |uncounts: &Uncounts| {
+            // Relaxed: under the lock, where the word changes.
+            if shard.table.load(Ordering::Relaxed) == table.word {
+                Self::apply_uncounts(table, uncounts);
+            }
         };
         if !uncounts.is_empty() && !markers {
             let _counts = sync::write(&shard.spill);
-            self.apply_uncounts(shard, &uncounts);
+            pay(&uncounts);
         }
         if markers {
             // Spilled states: their cells, then the markers left with no cell, under the write
             // lock, so no check can be inserting the cell of a marker we remove.
             let mut map = sync::write(&shard.spill);
-            self.apply_uncounts(shard, &uncounts);
+            pay(&uncounts);
             visited += map.len();
             map.retain(|(_, rule), cell| !fresh.cell(*rule, cell));
             let fps = self.fingerprints(&map);
-            for group in self.groups(shard) {
+            let table = self.table(shard);
+            for group in table.groups {
                 for slot in &group.0 {
                     // Acquire: see `find`.
                     let seen = slot.load(Ordering::Acquire);
@@ -1114,8 +1410,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
                             .compare_exchange(seen, (TOMB, 0), Ordering::AcqRel, Ordering::Relaxed)
                             .is_ok()
                     {
-                        if let Some(d) = self.displaced(seen.0, slot) {
-                            self.uncount_passes(shard, d);
+                        if let Some(d) = Self::displaced(table, seen.0, slot) {
+                            Self::uncount_passes(table, d);
                         }
                         removed += 1;
                     }
@@ -1130,11 +1426,12 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
         let Some(shard) = self.shards.get(shard) else {
             return 0;
         };
-        self.groups(shard)
+        self.table(shard)
+            .groups
             .iter()
             .flat_map(|g| &g.0)
             // Acquire: see `find`.
-            .filter(|slot| slot.load(Ordering::Acquire).0 > TOMB)
+            .filter(|slot| slot.load(Ordering::Acquire).0 & INLINE != 0)
             .count()
     }
 
@@ -1158,7 +1455,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
             for (_, rule) in spill.keys() {
                 by_rule[usize::from(*rule)] += 1;
             }
-            for slot in self.groups(shard).iter().flat_map(|g| &g.0) {
+            for slot in self.table(shard).groups.iter().flat_map(|g| &g.0) {
                 // Acquire: see `find`.
                 let (t, _) = slot.load(Ordering::Acquire);
                 if t & KIND == INLINE {
@@ -1169,7 +1466,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
     }
 }
 
-/// The table's slots, `(EMPTY, 0)` everywhere at first, and each group's pass count, 0 at first.
+/// One generation's tables: every shard's table of `len` groups, `(EMPTY, 0)` in every slot at
+/// first, and each group's pass count, 0 at first.
 ///
 /// A group's pass count is how many keys lie beyond it along their probe (placed in a later
 /// group, having found this one full), up to [`PASSES_STUCK`], where it stays: a claim raises
@@ -1184,38 +1482,42 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
 /// group (0.3 bytes a key at the cap).
 ///
 /// Outside loom they live in an anonymous memory map, which the operating system hands out
-/// zeroed and maps page by page as keys first land on them: building a limiter for a million
-/// keys costs one system call, not 20 MB of writes, and an idle table costs address space only.
-/// (The global allocator would do the same for one large `calloc`, but glibc serves repeated
-/// large allocations from its heap and zeroes them by hand.)
+/// zeroed and maps page by page as keys first land on them: reserving every generation up to
+/// the cap costs a system call each, not writes, and a generation no shard has reached costs
+/// address space only. (The global allocator would do the same for one large `calloc`, but
+/// glibc serves repeated large allocations from its heap and zeroes them by hand.) A table a
+/// shard has grown out of is handed back to the operating system ([`Groups::release`]).
 struct Groups {
     /// The mapping, owned here (unmapped on drop) and reached through `first`.
     #[cfg(not(tollgate_loom))]
-    _map: memmap2::MmapMut,
-    /// The first group, in `_map` (a large table starts on a 2 MiB boundary): kept as a
+    map: memmap2::MmapMut,
+    /// The first group, in `map` (a large generation starts on a 2 MiB boundary): kept as a
     /// pointer, since adding an offset to the map's address on every lookup cost a load and an
     /// add (2.5 instructions a hot-key denial, callgrind).
     #[cfg(not(tollgate_loom))]
     first: *const Group,
-    /// The pass counts, one a group, in `_map` after the groups.
+    /// The pass counts, one a group, in `map` after the groups.
     #[cfg(not(tollgate_loom))]
     passes: *const AtomicU8,
     #[cfg(tollgate_loom)]
     vec: Box<[Group]>,
     #[cfg(tollgate_loom)]
     passes: Box<[AtomicU8]>,
+    /// Groups of each shard's table.
     len: usize,
-    /// The table's whole 2 MiB pages (offset in `_map`, bytes), for a large table, and the key
-    /// count at which they are advised as huge pages.
+    /// Groups of all shards' tables.
+    total: usize,
+    /// The generation's whole 2 MiB pages (offset in `map` and bytes), for a large generation
+    /// after the first: advised as huge pages when the first shard grows into it.
     #[cfg(not(tollgate_loom))]
-    huge: Option<(usize, usize, usize)>,
+    huge: Option<(usize, usize)>,
     /// Whether they have been.
     #[cfg(not(tollgate_loom))]
     advised: crate::sync::AtomicBool,
 }
 
-// SAFETY: `first` and `passes` point into `_map`, which `Groups` owns and which is `Send` and
-// `Sync`; the groups and counts are only ever accessed through atomics (see `get` and
+// SAFETY: `first` and `passes` point into `map`, which `Groups` owns and which is `Send` and
+// `Sync`; the groups and counts are only ever accessed through atomics (see `groups` and
 // `passes`), as a `Box<[Group]>` and a `Box<[AtomicU8]>` would be.
 #[cfg(not(tollgate_loom))]
 unsafe impl Send for Groups {}
@@ -1223,21 +1525,23 @@ unsafe impl Send for Groups {}
 unsafe impl Sync for Groups {}
 
 impl Groups {
-    /// `len` groups; `None` when the system will not map that much.
-    fn new(len: usize) -> Option<Self> {
+    /// Generation `generation` for `shards` shards of `len` groups each; `None` when the system will
+    /// not map that much.
+    fn new(shards: usize, len: usize, generation: usize) -> Option<Self> {
+        let total = shards.checked_mul(len)?;
         #[cfg(not(tollgate_loom))]
         {
-            let groups = len.checked_mul(std::mem::size_of::<Group>())?;
-            let bytes = groups.checked_add(len)?;
+            let groups = total.checked_mul(std::mem::size_of::<Group>())?;
+            let bytes = groups.checked_add(total)?;
             // Large tables are probed at random: 2 MiB pages spare most TLB misses. The kernel
-            // backs only whole, aligned 2 MiB ranges with them, so a large table is mapped with
-            // 2 MiB to spare and starts on a boundary: all of it but the tail (less than 2 MiB)
-            // is then in huge pages, where an unaligned start lost a partial page at each end
-            // (3.4 of 19.4 MB at a million keys; aligning took a denial there from 91-131 to
-            // 87-93 ns and a new key from 197-216 to 175-194, a one-thread loop on this VM). Only
-            // the table's whole huge pages are advised, so the slack around it is never touched
-            // or resident. The advice is a hint (the kernel may not have transparent huge
-            // pages); small tables keep 4 KiB pages so an idle table stays cheap.
+            // backs only whole, aligned 2 MiB ranges with them, so a large generation is mapped
+            // with 2 MiB to spare and starts on a boundary: all of it but the tail (less than
+            // 2 MiB) can then be in huge pages, where an unaligned start lost a partial page at
+            // each end (3.4 of 19.4 MB at a million keys; aligning took a denial there from
+            // 91-131 to 87-93 ns and a new key from 197-216 to 175-194, a one-thread loop on
+            // this VM). Only whole huge pages are advised, so the slack is never touched. The
+            // advice is a hint (the kernel may not have transparent huge pages). The first
+            // generation keeps 4 KiB pages, so an idle limiter stays cheap.
             let huge = bytes >= HUGE_TABLE_BYTES;
             let slack = if huge { HUGE_PAGE } else { 0 };
             let map = memmap2::MmapMut::map_anon(bytes.checked_add(slack)?).ok()?;
@@ -1247,77 +1551,108 @@ impl Groups {
                 // The distance up to the next boundary: less than the slack.
                 offset = (map.as_ptr() as usize).wrapping_neg() % HUGE_PAGE;
                 let whole = bytes / HUGE_PAGE * HUGE_PAGE;
-                // No huge pages until the table holds enough keys to pay for them (see `grew`),
-                // also where the kernel would use them unasked.
-                let _ = map.advise_range(memmap2::Advice::NoHugePage, offset, whole);
-                advice = Some((offset, whole, whole / HUGE_PAGE * HUGE_KEYS_PER_PAGE));
+                if generation == 0 {
+                    // Also where the kernel would use them unasked.
+                    let _ = map.advise_range(memmap2::Advice::NoHugePage, offset, whole);
+                } else {
+                    advice = Some((offset, whole));
+                }
             }
             // SAFETY: `offset` is below the 2 MiB of slack, so `offset + bytes` is in the map.
             let first = unsafe { map.as_ptr().add(offset) } as *const Group;
-            // SAFETY: the counts' `len` bytes follow the groups, inside `bytes`.
+            // SAFETY: the counts' `total` bytes follow the groups, inside `bytes`.
             let passes = unsafe { map.as_ptr().add(offset + groups) } as *const AtomicU8;
             Some(Groups {
-                _map: map,
+                map,
                 first,
                 passes,
                 len,
+                total,
                 huge: advice,
                 advised: crate::sync::AtomicBool::new(false),
             })
         }
         #[cfg(tollgate_loom)]
         {
-            let vec = (0..len)
+            let _ = generation;
+            let vec = (0..total)
                 .map(|_| Group(std::array::from_fn(|_| AtomicPair::new(EMPTY, 0))))
                 .collect();
-            let passes = (0..len).map(|_| AtomicU8::new(0)).collect();
-            Some(Groups { vec, passes, len })
+            let passes = (0..total).map(|_| AtomicU8::new(0)).collect();
+            Some(Groups {
+                vec,
+                passes,
+                len,
+                total,
+            })
         }
     }
 
-    /// The table now holds `keys` keys: past the threshold, its whole 2 MiB pages are advised as
-    /// huge pages, once, and collapsed into them where the kernel can (Linux 6.1's
-    /// `MADV_COLLAPSE`, a few milliseconds for a table of a million keys, taken once by the
-    /// insert that crosses the threshold); elsewhere the kernel's background collapse does it.
-    #[inline]
-    fn grew(&self, keys: usize) {
+    /// A shard is growing into this generation: its whole 2 MiB pages are advised as huge
+    /// pages, once (the new table is written as the shard moves in, so its pages are faulted
+    /// in as huge pages where the kernel has them).
+    fn entered(&self) {
         #[cfg(not(tollgate_loom))]
-        if let Some((offset, whole, threshold)) = self.huge {
+        if let Some((offset, whole)) = self.huge {
             // Relaxed: the flag only makes the advice happen once; the advice orders nothing.
-            if keys >= threshold
-                && !self.advised.load(Ordering::Relaxed)
-                && !self.advised.swap(true, Ordering::Relaxed)
-            {
+            if !self.advised.swap(true, Ordering::Relaxed) {
                 let _ = self
-                    ._map
+                    .map
                     .advise_range(memmap2::Advice::HugePage, offset, whole);
-                #[cfg(target_os = "linux")]
-                // SAFETY: the range lies inside `_map`, which is alive; MADV_COLLAPSE only
-                // rearranges the pages behind it (their contents stay as they are) and fails
-                // harmlessly where unsupported.
+            }
+        }
+    }
+
+    /// Hands shard `shard`'s table (its whole 4 KiB pages) back to the operating system, once
+    /// the shard has grown out of it. Its slots then read as `(EMPTY, 0)`: a lookup that loaded
+    /// the shard's table before it grew and reads one sees the key absent and looks again
+    /// (see [`FlatStore::find`]); a swap expecting a state there fails.
+    fn release(&self, shard: usize) {
+        #[cfg(all(not(tollgate_loom), target_os = "linux"))]
+        {
+            const PAGE: usize = 4096;
+            let whole = |start: usize, bytes: usize| {
+                let from = start.next_multiple_of(PAGE);
+                let to = (start + bytes) / PAGE * PAGE;
+                (from < to).then(|| (from, to - from))
+            };
+            let groups = self.groups(shard);
+            let ranges = [
+                whole(groups.as_ptr() as usize, std::mem::size_of_val(groups)),
+                whole(self.passes(shard).as_ptr() as usize, self.len),
+            ];
+            for (from, bytes) in ranges.into_iter().flatten() {
+                // SAFETY: the range is whole pages of this shard's table or counts, inside
+                // `map`, which stays mapped; no other shard's slots share them. MADV_DONTNEED
+                // replaces them with zero-filled pages: every access to them is atomic, and
+                // all-zero is a valid `Group` and count, so a thread still reading them (a
+                // lookup that loaded the table word before the move) reads `EMPTY` slots.
                 unsafe {
-                    let _ = libc::madvise(
-                        self._map.as_ptr().add(offset) as *mut libc::c_void,
-                        whole,
-                        MADV_COLLAPSE,
-                    );
+                    let _ = libc::madvise(from as *mut libc::c_void, bytes, libc::MADV_DONTNEED);
                 }
             }
         }
-        #[cfg(tollgate_loom)]
-        let _ = keys;
+        #[cfg(not(all(not(tollgate_loom), target_os = "linux")))]
+        let _ = shard;
     }
 
+    /// Shard `shard`'s groups.
     #[inline]
-    fn get(&self) -> &[Group] {
+    fn groups(&self, shard: usize) -> &[Group] {
+        &self.all()[shard * self.len..][..self.len]
+    }
+
+    /// Every shard's groups.
+    #[inline]
+    fn all(&self) -> &[Group] {
         #[cfg(not(tollgate_loom))]
-        // SAFETY: the map holds `len * size_of::<Group>()` bytes from `first`, which is
+        // SAFETY: the map holds `total * size_of::<Group>()` bytes from `first`, which is
         // page-aligned (so 64-aligned); they are zero-filled by the operating system, and the
         // map lives as long as `self`. All-zero bytes are a valid `Group` (four `AtomicPair`s,
         // each an `UnsafeCell<u128>` holding 0), and the slots are only ever accessed through
         // atomic operations, never through the map's `&mut`.
         unsafe {
-            std::slice::from_raw_parts(self.first, self.len)
+            std::slice::from_raw_parts(self.first, self.total)
         }
         #[cfg(tollgate_loom)]
         {
@@ -1325,20 +1660,17 @@ impl Groups {
         }
     }
 
-    /// The pass counts, one a group.
+    /// Shard `shard`'s pass counts, one a group.
     #[inline]
-    fn passes(&self) -> &[AtomicU8] {
+    fn passes(&self, shard: usize) -> &[AtomicU8] {
         #[cfg(not(tollgate_loom))]
-        // SAFETY: the map holds `len` bytes from `passes`, zero-filled by the operating system
-        // and living as long as `self`; a zero byte is a valid `AtomicU8` holding 0, and the
-        // counts are only ever accessed through atomic operations.
-        unsafe {
-            std::slice::from_raw_parts(self.passes, self.len)
-        }
+        // SAFETY: the map holds `total` bytes from `passes`, zero-filled by the operating
+        // system and living as long as `self`; a zero byte is a valid `AtomicU8` holding 0, and
+        // the counts are only ever accessed through atomic operations.
+        let all = unsafe { std::slice::from_raw_parts(self.passes, self.total) };
         #[cfg(tollgate_loom)]
-        {
-            &self.passes
-        }
+        let all = &self.passes;
+        &all[shard * self.len..][..self.len]
     }
 }
 

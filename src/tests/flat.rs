@@ -348,14 +348,14 @@ fn table_is_at_most_20_bytes_per_key_at_the_cap() {
             .build()
             .unwrap();
         assert_eq!(l.store_kind(), StoreKind::Flat);
-        let per_key = l.table_bytes() as f64 / 1e6;
+        let per_key = l.cap_bytes() as f64 / 1e6;
         assert!(per_key <= 20.0, "{shards} shards: {per_key} bytes per key");
     }
 }
 
-/// A table of 4 MiB and more starts on a 2 MiB boundary, so transparent huge pages can cover all
-/// of it but its tail (the kernel maps them only on aligned 2 MiB ranges); a small table starts
-/// wherever its mapping does, on a 4 KiB page.
+/// The tables at the cap's size, 4 MiB and more in all, start on a 2 MiB boundary, so transparent
+/// huge pages can cover all of them but their tail (the kernel maps them only on aligned 2 MiB
+/// ranges); small ones start wherever their mapping does, on a 4 KiB page.
 #[test]
 fn large_tables_start_on_a_huge_page_boundary() {
     for (max_keys, aligned) in [(1_000_000, true), (300_000, true), (1_000, false)] {
@@ -368,16 +368,16 @@ fn large_tables_start_on_a_huge_page_boundary() {
         assert_eq!(at % 4096, 0, "{max_keys} keys: table at {at:#x}");
         if aligned {
             assert!(
-                l.table_bytes() >= 4 << 20,
+                l.cap_bytes() >= 4 << 20,
                 "{max_keys} keys: {}",
-                l.table_bytes()
+                l.cap_bytes()
             );
             assert_eq!(at % (2 << 20), 0, "{max_keys} keys: table at {at:#x}");
         } else {
             assert!(
-                l.table_bytes() < 4 << 20,
+                l.cap_bytes() < 4 << 20,
                 "{max_keys} keys: {}",
-                l.table_bytes()
+                l.cap_bytes()
             );
         }
     }
@@ -800,7 +800,7 @@ fn table_size_grows_with_max_keys_across_the_small_table_step() {
                 .build()
                 .unwrap();
             assert_eq!(l.store_kind(), StoreKind::Flat);
-            l.table_bytes()
+            l.cap_bytes()
         };
         let sizes = [
             1_000, 8_000, 16_383, 16_384, 16_385, 20_000, 29_000, 40_000, 100_000,
@@ -816,4 +816,143 @@ fn table_size_grows_with_max_keys_across_the_small_table_step() {
             table[3]
         );
     }
+}
+
+/// A limiter sized for a million keys starts with small tables and grows them, shard by shard
+/// and generation by generation, as keys arrive: every state moves exactly (each key's
+/// remaining count after every round), the pass counts stay exact, and the memory follows the
+/// keys held, not the cap; with the inline group scan and with portable-atomic's probe.
+#[test]
+fn shards_grow_with_the_keys_and_every_state_moves() {
+    const KEYS: u64 = 50_000;
+    const BURST: u64 = 3;
+    for inline in [true, false] {
+        let l: Limiter<u64, FakeClock> = Limiter::builder()
+            .quota(Quota::per_hour(BURST).burst(BURST))
+            .store(StoreKind::Flat)
+            .shards(4)
+            .clock(FakeClock::new())
+            .build()
+            .unwrap();
+        let l = if inline { l } else { l.without_inline_load() };
+        assert_eq!(l.generations(), [0; 4]);
+        // The first tables: 128 to 255 groups of 65 bytes a shard.
+        let first = l.table_bytes();
+        assert!(first < 4 * 256 * 65, "{first} bytes before any key");
+        for round in 0..=BURST {
+            for k in 0..KEYS {
+                let d = l.check(&k);
+                assert_eq!(d.is_allowed(), round < BURST, "key {k}, round {round}");
+                assert_eq!(d.remaining(), BURST.saturating_sub(round + 1), "key {k}");
+            }
+            if round == 0 {
+                // 12,500 keys a shard at most 84% of a table's slots: 5 doublings of ~146
+                // groups (4,672 groups, 18,688 slots), far below the cap's 74,736.
+                assert!(
+                    l.generations().iter().all(|&g| g == 5),
+                    "{:?}",
+                    l.generations()
+                );
+            }
+        }
+        let st = l.stats();
+        assert_eq!((st.allowed, st.denied, st.keys), (BURST * KEYS, KEYS, KEYS));
+        assert!(l.pass_counts().unwrap().0.is_empty());
+        let (now, cap) = (l.table_bytes(), l.cap_bytes());
+        assert!(now >= KEYS as usize * 16 && now < cap / 8, "{now} of {cap}");
+    }
+}
+
+/// Checks of the same keys from two threads race moves of their shards into ever larger tables
+/// (a third thread grows every shard, ten times) with a frozen clock, charging all the while:
+/// afterwards each key's state holds exactly the charges admitted, whichever table they landed
+/// in (none lost in a move, none counted twice); and checks met moved slots (the race happened:
+/// the test retries until it has).
+#[test]
+fn growth_racing_checks_loses_no_charge() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const KEYS: u64 = 16;
+    const BURST: u64 = 1 << 40;
+    for attempt in 0.. {
+        let l: Arc<Limiter<u64, FakeClock>> = Arc::new(
+            Limiter::builder()
+                .quota(Quota::per_day(BURST).burst(BURST))
+                .store(StoreKind::Flat)
+                .shards(2)
+                .clock(FakeClock::new())
+                .build()
+                .unwrap(),
+        );
+        let (barrier, stop) = (Arc::new(Barrier::new(3)), Arc::new(AtomicBool::new(false)));
+        let checkers: Vec<_> = (0..2)
+            .map(|_| {
+                let (l, b, stop) = (l.clone(), barrier.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    b.wait();
+                    let mut admitted = [0u64; KEYS as usize];
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let k = i % KEYS;
+                        admitted[k as usize] += u64::from(l.check(&k).is_allowed());
+                        i += 1;
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        barrier.wait();
+        for _ in 0..10 {
+            l.grow_all();
+            std::thread::yield_now();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let mut admitted = [0u64; KEYS as usize];
+        for h in checkers {
+            for (a, b) in admitted.iter_mut().zip(h.join().unwrap()) {
+                *a += b;
+            }
+        }
+        for k in 0..KEYS {
+            // What would remain after one more unit: the burst less every charge admitted.
+            let left = l.peek(&k).remaining();
+            assert_eq!(left, BURST - admitted[k as usize] - 1, "key {k}");
+            assert!(admitted[k as usize] > 0, "key {k} was checked");
+        }
+        assert_eq!(l.stats().allowed, admitted.iter().sum::<u64>());
+        assert!(l.generations().iter().all(|&g| g == 10));
+        assert!(l.pass_counts().unwrap().0.is_empty());
+        if l.met_moves() > 0 && attempt >= 2 {
+            println!("attempt {attempt}: {} lookups met a move", l.met_moves());
+            break;
+        }
+        assert!(attempt < 50, "no check met a move in 50 attempts");
+    }
+}
+
+/// A grown table still sweeps, evicts and resets: keys charged before and after several moves,
+/// left to go fresh, are swept to nothing, and the pass counts end exact.
+#[test]
+fn grown_tables_sweep_and_reset() {
+    let clock = FakeClock::new();
+    let l: Limiter<u64, FakeClock> = Limiter::builder()
+        .quota(Quota::per_second(1).burst(2))
+        .store(StoreKind::Flat)
+        .shards(2)
+        .sweep_grace(Duration::ZERO)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for k in 0..3_000u64 {
+        assert!(l.check(&k).is_allowed());
+    }
+    let grown = l.generations();
+    assert!(grown.iter().all(|&g| g >= 2), "{grown:?}");
+    assert!(l.reset(&7));
+    assert!(!l.reset(&7));
+    assert_eq!(l.len(), 2_999);
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(l.sweep_now(), 2_999);
+    assert_eq!(l.len(), 0);
+    assert!(l.pass_counts().unwrap().0.is_empty());
+    assert_eq!(l.generations(), grown, "tables do not shrink");
 }
