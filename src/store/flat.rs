@@ -45,13 +45,13 @@
 //!
 //! `max_keys` is a cap, not a preallocation. Each shard starts with a small table (128 to 255
 //! groups of four slots, 8-16 KiB) and grows, one shard at a time, into a table twice as large
-//! when a claim would take it past 84% of its slots (45% for a cap of at most 16 Ki keys), up
-//! to the last generation, sized for the cap as the whole table used to be: about 19.4-19.9
-//! bytes per key there (16-byte slots at most ~84% full, a one-byte pass count per 64-byte
-//! group, slack for uneven shards, and at most 1/128 more for the doubling steps; a cap of at
-//! most 16 Ki keys is sized at 45% instead, 36-50 bytes per key, at most ~580 KiB in all, so
-//! most keys sit in the first slot they probe). Below the cap a shard's table holds its keys
-//! at 42-84% load: 19-40 bytes per state.
+//! when a claim would take it past half its slots ([`GROW_PERCENT`]), up to the last
+//! generation, sized for the cap as the whole table used to be: about 19.4-19.9 bytes per key
+//! there (16-byte slots at most ~84% full, a one-byte pass count per 64-byte group, slack for
+//! uneven shards, less at most 1/128 for the doubling steps; a cap of at most 16 Ki keys is
+//! sized at 45% instead, 36-50 bytes per key, at most ~580 KiB in all, so most keys sit in the
+//! first slot they probe). Below the cap a shard's table is 25-50% full, so most keys sit in
+//! the first slot they probe: 32-65 bytes per state.
 //!
 //! Every generation's tables (all shards') are one anonymous mapping, reserved when the store
 //! is built (address space only: the operating system hands out pages zeroed, as they are
@@ -63,7 +63,7 @@
 //! (`MADV_DONTNEED`). A lookup that meets a `MOVED` slot waits for the move (the shard's read
 //! lock) and looks again; one that finds a key absent in a table that is no longer its shard's
 //! looks again too (a handed-back page reads as zeros, `EMPTY`). Tables never shrink. Large
-//! generations (4 MiB and more) start on a 2 MiB boundary and are advised as huge pages when
+//! generations (2 MiB and more) start on a 2 MiB boundary and are advised as huge pages when
 //! the first shard grows into them (a grown table is dense); the first generation keeps 4 KiB
 //! pages, so an idle limiter costs a few KiB a shard.
 //!
@@ -102,8 +102,8 @@ const MOVED: u64 = 0b101;
 /// The low bits of a shard's table word that hold its table's generation; the rest is the
 /// address of the table's first group (64-byte aligned, so those bits are free).
 const GEN_BITS: usize = 63;
-/// Groups of a shard's first table, at least (8 KiB; the last table has at most 1/128 more
-/// groups than the cap needs, see [`FlatStore::new`]). Loom models start at one group, so a few
+/// Groups of a shard's first table, at least (8 KiB; the last table has at most 1/128 fewer
+/// groups than one table sized for the cap, see [`FlatStore::new`]). Loom models start at one group, so a few
 /// states make a shard grow.
 #[cfg(not(tollgate_loom))]
 const FIRST_GROUPS: usize = 128;
@@ -111,9 +111,11 @@ const FIRST_GROUPS: usize = 128;
 const FIRST_GROUPS: usize = 1;
 
 /// A generation's tables (all shards') at least this large ask for transparent huge pages when
-/// the first shard grows into them (a grown table is dense: its keys fill 42-84% of its slots).
+/// the first shard grows into them: a grown table is dense (every 4 KiB page holds dozens of
+/// states), so huge pages cost no memory that 4 KiB pages would not, and spare TLB misses (a
+/// 3.9 MiB generation in 4 KiB pages made a check of 100,000 keys 5-15% slower).
 #[cfg(not(tollgate_loom))]
-const HUGE_TABLE_BYTES: usize = 4 << 20;
+const HUGE_TABLE_BYTES: usize = 2 << 20;
 /// The size (and alignment) of a transparent huge page on x86-64 and most arm64 kernels.
 #[cfg(not(tollgate_loom))]
 const HUGE_PAGE: usize = 2 << 20;
@@ -139,6 +141,12 @@ const EVICT_SHARDS: usize = 4;
 
 /// Live keys per slot at the cap, in percent (the rest is what keeps probes short).
 const LOAD_PERCENT: usize = 84;
+/// Used slots (live and removed) per hundred past which a shard grows into its next table
+/// (below the cap). A table between 25% and 50% full keeps most keys in the first slot their
+/// probe reads; grown at 84%, tables of 42-84% made a compound plan's check 20-30% slower
+/// (`benches/plans.rs`, 100,000 keys in a limiter for 400,000 states) than the cap-sized
+/// table it replaced, for half the memory of this.
+const GROW_PERCENT: usize = 50;
 /// The same for a table of at most [`SMALL_KEYS`] keys: it stays within a 1-2 MiB L2 cache
 /// either way, so the lower load costs ~270 KiB at most and keeps most keys in their first slot.
 const SMALL_LOAD_PERCENT: usize = 45;
@@ -259,7 +267,7 @@ pub(crate) struct FlatStore<K> {
     gens: Box<[Groups]>,
     /// Groups of a shard's table in generation 0.
     first_groups: usize,
-    /// Live slots per hundred at which a shard grows into its next table.
+    /// Used slots per hundred past which a shard grows into its next table.
     grow_percent: usize,
     hasher: ahash::RandomState,
     shards: Box<[Shard<K>]>,
@@ -298,15 +306,16 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         let slots = (per_shard.checked_mul(100)? / LOAD_PERCENT).max(small) + slack;
         // Group indices are computed from 32 hash bits.
         let groups = u32::try_from(slots.div_ceil(GROUP).max(2)).ok()? as usize;
-        // Generations: the first of at least FIRST_GROUPS groups (or all of them, for a small
-        // cap), each next one twice as large, the last at least `groups` (and at most
-        // `groups / FIRST_GROUPS` more).
+        // Generations: the first of FIRST_GROUPS to 2 * FIRST_GROUPS - 1 groups (or all of
+        // them, for a small cap), each next one twice as large, the last `groups` rounded down
+        // to a multiple of the doublings (at most 1/FIRST_GROUPS fewer, taken from the slack:
+        // never more memory at the cap than one table for the cap, and a larger cap never gets
+        // fewer slots).
         let mut last = 0;
-        while groups.div_ceil(2 << last) >= FIRST_GROUPS && 2 << last <= groups {
+        while groups >> (last + 1) >= FIRST_GROUPS {
             last += 1;
         }
-        let first = groups.div_ceil(1 << last);
-        u32::try_from(first << last).ok()?;
+        let first = groups >> last;
         let gens = (0..=last)
             .map(|g| Groups::new(shards, first << g, g))
             .collect::<Option<Box<[_]>>>()?;
@@ -324,11 +333,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                 .collect(),
             gens,
             first_groups: first,
-            grow_percent: if max_keys <= SMALL_KEYS {
-                SMALL_LOAD_PERCENT
-            } else {
-                LOAD_PERCENT
-            },
+            grow_percent: GROW_PERCENT,
             hasher: super::random_state(),
             shard_shift: 64 - shards.trailing_zeros(),
             len: CachePadded::new(AtomicUsize::new(0)),
