@@ -32,6 +32,14 @@ pub trait Clock: Send + Sync + 'static {
     /// The Unix time of this clock's epoch, in nanoseconds. Windows are aligned to
     /// `floor((unix_epoch_ns + now) / period)`.
     fn unix_epoch_ns(&self) -> u64;
+    /// An identity that every clone of this clock shares and no other clock has, for clocks
+    /// whose clones read one time (`None`, the default: never shared). [`check_all`] reads the
+    /// time once for the parts whose limiters' clocks share one, so they decide at one instant.
+    ///
+    /// [`check_all`]: crate::check_all
+    fn shared_id(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Backward steps of the raw source smaller than this are passed through, larger ones are clamped.
@@ -159,6 +167,31 @@ impl MonotonicClock {
     }
 }
 
+impl MonotonicClock {
+    /// The process's clock: clones of one `MonotonicClock`, whose epoch is the first call.
+    /// Every limiter built without [`Builder::clock`] reads it, so limiters checked together
+    /// ([`check_all`]) share one reading of the time.
+    ///
+    /// ```
+    /// use tollgate::{Clock, MonotonicClock};
+    /// assert_eq!(MonotonicClock::process().shared_id(), MonotonicClock::process().shared_id());
+    /// assert_ne!(MonotonicClock::new().shared_id(), MonotonicClock::process().shared_id());
+    /// ```
+    ///
+    /// [`Builder::clock`]: crate::Builder::clock
+    /// [`check_all`]: crate::check_all
+    pub fn process() -> Self {
+        // Loom's atomics live for one model execution: a clock shared across them is not.
+        #[cfg(tollgate_loom)]
+        return Self::new();
+        #[cfg(not(tollgate_loom))]
+        {
+            static PROCESS: std::sync::OnceLock<MonotonicClock> = std::sync::OnceLock::new();
+            PROCESS.get_or_init(Self::new).clone()
+        }
+    }
+}
+
 impl Default for MonotonicClock {
     fn default() -> Self {
         Self::new()
@@ -186,6 +219,10 @@ impl Clock for MonotonicClock {
 
     fn unix_epoch_ns(&self) -> u64 {
         self.inner.unix_epoch_ns
+    }
+
+    fn shared_id(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.inner) as usize)
     }
 }
 
@@ -268,6 +305,10 @@ impl Clock for FakeClock {
 
     fn unix_epoch_ns(&self) -> u64 {
         self.unix_epoch_ns
+    }
+
+    fn shared_id(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.now) as usize)
     }
 }
 

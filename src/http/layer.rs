@@ -230,7 +230,7 @@ impl RateLimitLayer<MonotonicClock> {
     /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn new(config: HttpConfig) -> Result<Self, Error> {
-        Self::with_clock(config, MonotonicClock::new())
+        Self::with_clock(config, MonotonicClock::process())
     }
 }
 

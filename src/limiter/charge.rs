@@ -528,7 +528,9 @@ pub trait Part: sealed::Sealed {
     /// Charges the part, merges its decision into `merged` (replaces it when `first`), counts
     /// it in the part's stats, and writes into `undo` what a refund needs (left `None` when
     /// nothing stays charged): whether the part admitted. The merge and the count happen here,
-    /// where the part's decision is at hand, so no decision crosses the call.
+    /// where the part's decision is at hand, so no decision crosses the call. `time` is the
+    /// clock reading of an earlier part (its clock's [`Clock::shared_id`] and the time), used
+    /// when this part's clock is the same, else replaced by this part's own.
     #[doc(hidden)]
     fn charge_part(
         &self,
@@ -536,6 +538,7 @@ pub trait Part: sealed::Sealed {
         merged: &mut Decision,
         first: bool,
         undo: &mut Option<Undo>,
+        time: &mut Option<(usize, u64)>,
     ) -> Result<bool, Error>;
     #[doc(hidden)]
     fn undo_part(&self, undo: Undo);
@@ -555,8 +558,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         merged: &mut Decision,
         first: bool,
         undo: &mut Option<Undo>,
+        time: &mut Option<(usize, u64)>,
     ) -> Result<bool, Error> {
-        let (d, retries, counts) = self.charge(cost, undo)?;
+        let (d, retries, counts) = self.charge(cost, undo, time)?;
         counts.count(Count::of(&d), retries);
         if first {
             *merged = d;
@@ -606,12 +610,22 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         &self,
         cost: u64,
         undo: &mut Option<Undo>,
+        time: &mut Option<(usize, u64)>,
     ) -> Result<(Decision, u32, &Counts), Error> {
         let l = self.limiter;
         let book = l.book.current();
         let plan = book.get(self.plan)?;
         plan.check_cost(cost)?;
-        let now = super::clamp_now(l.clock.now());
+        // The reading of an earlier part whose clock is this one, else this clock's own.
+        let id = l.clock.shared_id();
+        let now = match *time {
+            Some((shared, now)) if Some(shared) == id => now,
+            _ => {
+                let now = super::clamp_now(l.clock.now());
+                *time = id.map(|id| (id, now));
+                now
+            }
+        };
         let hash = l.key_hash(self.key);
         let resets = l.resets();
         if let (Map::Flat(s), Some(inline)) = (&l.store, &plan.inline) {
@@ -678,7 +692,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
 /// charged; no part ever admits beyond its own bound. Parts are charged in order, so list the
 /// most likely to deny first. Strategies of the parts' plans do not apply here (hard denial).
 /// Each part is its limiter's (key, rule) states, charged as [`Limiter::check_in`] charges them:
-/// no lock and no allocation on the flat store.
+/// no lock and no allocation on the flat store. Parts whose limiters read one clock (every
+/// limiter built without [`Builder::clock`] reads [`MonotonicClock::process`]; clones of one
+/// `FakeClock`) decide at one reading of it.
+///
+/// [`Builder::clock`]: crate::Builder::clock
+/// [`MonotonicClock::process`]: crate::MonotonicClock::process
 ///
 /// A refund happens after the charge, so for that instant a concurrent request on the same key
 /// may be denied when it would otherwise pass (never admitted when it should not be).
@@ -698,7 +717,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
 /// ```
 pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
     let mut merged = Decision::denied(Reason::Limited, 0);
-    charge_from(parts, cost, &mut merged, true)?;
+    charge_from(parts, cost, &mut merged, true, &mut None)?;
     Ok(merged)
 }
 
@@ -711,12 +730,13 @@ fn charge_from(
     cost: u64,
     merged: &mut Decision,
     first: bool,
+    time: &mut Option<(usize, u64)>,
 ) -> Result<bool, Error> {
     let Some((part, rest)) = parts.split_first() else {
         return Ok(true);
     };
     let mut undo = None;
-    if !part.charge_part(cost, merged, first, &mut undo)? {
+    if !part.charge_part(cost, merged, first, &mut undo, time)? {
         // This part denied: it counted the denial; the parts after it, never charged, count
         // it too.
         for p in rest {
@@ -726,7 +746,7 @@ fn charge_from(
     }
     // Each outcome is answered anew rather than passed on, so the common one (every part
     // admitted) moves no error-sized value between frames.
-    match charge_from(rest, cost, merged, false) {
+    match charge_from(rest, cost, merged, false, time) {
         Ok(true) => Ok(true),
         Ok(false) => {
             // A later part denied: this admission is taken back, in the state and the stats.

@@ -576,7 +576,7 @@ impl<K> Limiter<K, MonotonicClock> {
             full_retry: Duration::from_secs(1),
             sweep_grace: Duration::from_secs(1),
             housekeeping: true,
-            clock: MonotonicClock::new(),
+            clock: MonotonicClock::process(),
             #[cfg(feature = "redis")]
             redis: None,
             key: PhantomData,

@@ -525,7 +525,11 @@ fn compound_refund_skips_a_recreated_entry() {
     let per_user = limiter::<u64>(Quota::per_second(2), &clock);
     let bound = per_user.key(&1);
     let (mut undo, mut d) = (None, crate::Decision::denied(crate::Reason::Limited, 0));
-    assert!(bound.charge_part(1, &mut d, true, &mut undo).unwrap());
+    assert!(
+        bound
+            .charge_part(1, &mut d, true, &mut undo, &mut None)
+            .unwrap()
+    );
     assert!(d.is_allowed());
     assert!(per_user.reset(&1)); // e.g. LoginGuard::succeeded between charge and refund
     assert_eq!(per_user.check(&1).remaining(), 1); // the new incarnation
@@ -651,4 +655,60 @@ fn config_durations_compound_and_fractional() {
         err.to_string().starts_with("line 4: plans.a.max_delay"),
         "{err}"
     );
+}
+
+/// `check_all` reads the time once for parts whose limiters share a clock (clones of one: the
+/// process clock every default limiter uses, or one `FakeClock`), and once per clock otherwise.
+#[test]
+fn check_all_reads_a_shared_clock_once() {
+    use crate::Clock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    /// A clock that counts its readings; clones share the count and, when `shared`, an id.
+    #[derive(Clone)]
+    struct Counting {
+        reads: Arc<AtomicU64>,
+        shared: bool,
+    }
+    impl Clock for Counting {
+        fn now(&self) -> u64 {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            1_000_000_000
+        }
+        fn unix_epoch_ns(&self) -> u64 {
+            0
+        }
+        fn shared_id(&self) -> Option<usize> {
+            self.shared.then_some(Arc::as_ptr(&self.reads) as usize)
+        }
+    }
+    for shared in [true, false] {
+        let clock = Counting {
+            reads: Arc::new(AtomicU64::new(0)),
+            shared,
+        };
+        let build = || {
+            Limiter::<u64>::builder()
+                .quota(Quota::per_second(5))
+                .clock(clock.clone())
+                .build()
+                .unwrap()
+        };
+        let (per_user, global) = (build(), build());
+        let before = clock.reads.load(Ordering::Relaxed);
+        let d = crate::check_all(&[&per_user.key(&1), &global.key(&0)], 1).unwrap();
+        assert!(d.is_allowed());
+        let reads = clock.reads.load(Ordering::Relaxed) - before;
+        assert_eq!(reads, if shared { 1 } else { 2 }, "shared: {shared}");
+    }
+    // Default limiters read the process clock.
+    let a = Limiter::<u64>::builder()
+        .quota(Quota::per_second(1))
+        .build()
+        .unwrap();
+    let b = Limiter::<u64>::builder()
+        .quota(Quota::per_second(1))
+        .build()
+        .unwrap();
+    assert_eq!(a.clock().shared_id(), b.clock().shared_id());
+    assert!(a.clock().shared_id().is_some());
 }
