@@ -267,8 +267,6 @@ pub(crate) struct FlatStore<K> {
     gens: Box<[Groups]>,
     /// Groups of a shard's table in generation 0.
     first_groups: usize,
-    /// Used slots per hundred past which a shard grows into its next table.
-    grow_percent: usize,
     hasher: ahash::RandomState,
     shards: Box<[Shard<K>]>,
     /// `64 - log2(shards)`: a key's shard is its hash's top bits.
@@ -333,7 +331,6 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                 .collect(),
             gens,
             first_groups: first,
-            grow_percent: GROW_PERCENT,
             hasher: super::random_state(),
             shard_shift: 64 - shards.trailing_zeros(),
             len: CachePadded::new(AtomicUsize::new(0)),
@@ -977,7 +974,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         }
         let slots = (self.first_groups << generation) * GROUP;
         let used = shard.used.load(Ordering::Relaxed);
-        if !full && (used + 1) * 100 <= slots * self.grow_percent {
+        if !full && (used + 1) * 100 <= slots * GROW_PERCENT {
             return false;
         }
         self.grow(shard);

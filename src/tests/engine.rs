@@ -662,7 +662,7 @@ fn config_durations_compound_and_fractional() {
 #[test]
 fn check_all_reads_a_shared_clock_once() {
     use crate::Clock;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use crate::sync::{AtomicU64, Ordering};
     /// A clock that counts its readings; clones share the count and, when `shared`, an id.
     #[derive(Clone)]
     struct Counting {

@@ -873,7 +873,7 @@ fn shards_grow_with_the_keys_and_every_state_moves() {
 /// the test retries until it has).
 #[test]
 fn growth_racing_checks_loses_no_charge() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use crate::sync::{AtomicBool, Ordering};
     const KEYS: u64 = 16;
     const BURST: u64 = 1 << 40;
     for attempt in 0.. {
