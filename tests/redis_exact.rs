@@ -393,3 +393,48 @@ fn skewed_local_clocks_make_identical_decisions() {
         "{allowed} allowed, {denied} denied"
     );
 }
+
+/// State per (key, quota) on Redis as in process: two limiters under one prefix (two plans),
+/// one with a quota A and one with A and a larger B, both charge A's one state for a client, so
+/// the client gets A's limit in all, whichever limiter each request goes to; a third limiter
+/// with a different quota keeps its own state. A quota listed twice keeps two keys.
+#[test]
+fn limiters_listing_an_equal_quota_share_its_state() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let a = Quota::new(5, Duration::from_secs(86_400)).burst(5);
+    let b = Quota::new(100, Duration::from_secs(86_400)).burst(100);
+    let build = |quotas: &[Quota]| {
+        let mut builder = RedisLimiter::builder(&server.url())
+            .prefix("plans:")
+            .deadline(Duration::from_secs(5));
+        for q in quotas {
+            builder = builder.quota(*q);
+        }
+        builder.build().unwrap()
+    };
+    let (free, pro, other) = (build(&[a]), build(&[a, b]), build(&[b]));
+    assert_eq!(free.keys_of("u1")[0], pro.keys_of("u1")[0]);
+    assert_ne!(pro.keys_of("u1")[0], pro.keys_of("u1")[1]);
+    assert_eq!(pro.keys_of("u1")[1], other.keys_of("u1")[0]);
+    rt.block_on(async {
+        let mut admitted = 0;
+        for i in 0..20 {
+            let l = if i % 2 == 0 { &free } else { &pro };
+            let c = l.check("u1").await;
+            assert_eq!(c.source(), Source::Redis);
+            admitted += u64::from(c.decision().is_allowed());
+        }
+        assert_eq!(admitted, 5, "A's limit across both plans");
+        // B's state holds pro's admitted requests: 2 of the 5 (requests 1 and 3; from request
+        // 5 on, A denies and the compound charges nothing).
+        let pro_admitted = (0..20).filter(|i| i % 2 == 1 && *i < 5).count() as u64;
+        let left = other.check("u1").await.decision();
+        assert!(left.is_allowed());
+        assert_eq!(left.remaining(), 100 - pro_admitted - 1);
+    });
+    let twice = build(&[a, a]);
+    let keys = twice.keys_of("u1");
+    assert_eq!(keys.len(), 2);
+    assert_ne!(keys[0], keys[1]);
+}

@@ -1118,8 +1118,9 @@ struct ExactPlan {
     strategy: crate::Strategy,
 }
 
-/// Each plan's exact-mode limiter, by plan id: its quotas under `prefix` + the plan's name (so
-/// the state is the plan's own). Rules and `headroom` are synced mode's: errors here.
+/// Each plan's exact-mode limiter, by plan id. Redis keys are named by quota, so plans that list
+/// an equal quota share its state per client, as they do in process. Rules and `headroom` are
+/// synced mode's: errors here.
 #[cfg(feature = "redis")]
 fn exact_plans<C: Clock>(
     config: &HttpConfig,
@@ -1150,8 +1151,7 @@ fn exact_plans<C: Clock>(
         let id = limiter
             .plan(name)
             .ok_or_else(|| Error::UnknownPlan(name.clone()))?;
-        let mut b = crate::redis::RedisLimiter::builder_of(redis)
-            .prefix(format!("{}{name}:", redis.prefix));
+        let mut b = crate::redis::RedisLimiter::builder_of(redis);
         for q in plan.quotas() {
             b = b.quota(*q);
         }

@@ -35,7 +35,7 @@ use crate::clock::{Clock, MonotonicClock, nanos};
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
 use crate::limiter::{Limiter, MAX_PARTS};
-use crate::quota::{Kind, Quota, Rule};
+use crate::quota::{Algorithm, Kind, Quota, Rule};
 use crate::sync::{AtomicU64, Ordering};
 
 use link::{Breaker, BreakerConfig, Gate, Link, Target};
@@ -280,8 +280,9 @@ macro_rules! common_setters {
             self.common.quotas.push(quota);
             self
         }
-        /// The prefix of every key this limiter writes (default `tollgate:`). Limiters with
-        /// different quotas on one Redis need different prefixes.
+        /// The prefix of every key this limiter writes (default `tollgate:`). Keys are named by
+        /// client and quota (`prefix{client}:quota`), so limiters under one prefix that list an
+        /// equal quota share each client's state under it, as an in-process limiter's plans do.
         pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
             self.common.prefix = prefix.into();
             self
@@ -384,6 +385,7 @@ impl<C: Clock + Clone> RedisBuilder<C> {
         Ok(RedisLimiter {
             inner: Arc::new(Inner {
                 max_cost: rules.iter().map(|r| r.capacity).min().unwrap_or(0),
+                names: rule_names(&rules),
                 rules,
                 sha: script.get_hash().to_string(),
                 source,
@@ -437,6 +439,29 @@ pub struct RedisLimiter<C = MonotonicClock> {
     inner: Arc<Inner<C>>,
 }
 
+/// Each rule's part of its Redis keys' names: the rule itself (algorithm, limit, period in ns,
+/// burst), so a key's state under a quota is one Redis key whichever limiters (plans) list that
+/// quota under one prefix, as an in-process limiter keeps one state per (key, rule). A quota
+/// listed twice by one limiter keeps one key each (`~` and its place).
+fn rule_names(rules: &[Rule]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::with_capacity(rules.len());
+    for (i, r) in rules.iter().enumerate() {
+        let algorithm = match r.algorithm {
+            Algorithm::TokenBucket => 't',
+            Algorithm::LeakyBucket => 'l',
+            Algorithm::FixedWindow => 'f',
+            Algorithm::SlidingWindowCounter => 's',
+            Algorithm::SlidingWindowLog => 'w',
+        };
+        let mut name = format!("{algorithm}{}/{}+{}", r.limit, r.period, r.capacity);
+        if names.contains(&name) {
+            name = format!("{name}~{i}");
+        }
+        names.push(name);
+    }
+    names
+}
+
 impl<C> Clone for RedisLimiter<C> {
     fn clone(&self) -> Self {
         RedisLimiter {
@@ -447,6 +472,8 @@ impl<C> Clone for RedisLimiter<C> {
 
 struct Inner<C> {
     rules: Vec<Rule>,
+    /// Each rule's part of its Redis keys' names (see [`rule_names`]).
+    names: Vec<String>,
     max_cost: u64,
     sha: String,
     source: String,
@@ -607,13 +634,13 @@ impl<C: Clock> RedisLimiter<C> {
     /// use tollgate::Quota;
     /// use tollgate::redis::RedisLimiter;
     /// let l = RedisLimiter::builder("redis://127.0.0.1:1/").quota(Quota::per_second(1)).build()?;
-    /// assert_eq!(l.keys_of("u1"), vec!["tollgate:{u1}:0".to_string()]);
+    /// assert_eq!(l.keys_of("u1"), vec!["tollgate:{u1}:t1/1000000000+1".to_string()]);
     /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn keys_of(&self, key: &str) -> Vec<String> {
         let mut keys = Vec::new();
-        for (i, r) in self.inner.rules.iter().enumerate() {
-            let k = format!("{}{{{key}}}:{i}", self.inner.prefix);
+        for (r, name) in self.inner.rules.iter().zip(&self.inner.names) {
+            let k = format!("{}{{{key}}}:{name}", self.inner.prefix);
             if r.kind == Kind::Log {
                 keys.push(format!("{k}:n"));
                 keys.insert(keys.len() - 1, k);
