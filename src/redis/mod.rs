@@ -50,7 +50,7 @@ pub use synced::{SyncedBuilder, SyncedLimiter, SyncedStats};
 /// |---|---|---|
 /// | `Open` | every request passes | availability matters more than the limit |
 /// | `Closed` (default) | every request is denied, `retry_after` = time to the next probe | the limit protects something fragile (logins, payments) |
-/// | `LocalShare { nodes }` | each process enforces `1/nodes` of every quota on its own | a rough limit beats none and beats a full stop |
+/// | `LocalShare { nodes }` | exact mode: each process enforces `1/nodes` of every quota on its own; synced mode: each process's local cells go on deciding alone, with the whole quota (`nodes` unused) | a rough limit beats none and beats a full stop |
 ///
 /// ```
 /// use tollgate::redis::FailurePolicy;
@@ -65,7 +65,9 @@ pub enum FailurePolicy {
     /// Deny every request.
     #[default]
     Closed,
-    /// Enforce `limit / nodes` (and `burst / nodes`, at least 1) per process, in memory.
+    /// Exact mode: enforce `limit / nodes` (and `burst / nodes`, at least 1) per process, in
+    /// memory. Synced mode: the local cells go on deciding alone, each process with the whole
+    /// quota from what it last knew (so up to `N` times it in all; `nodes` is not used).
     LocalShare {
         /// How many processes share the quota.
         nodes: u64,
