@@ -286,11 +286,12 @@ impl HttpConfig {
     /// Every client's plan cluster-wide through Redis in exact mode (feature `redis`;
     /// `mode = "exact"` in `[redis]`): one Lua script per request on Redis's clock, exactly
     /// the in-process decision (see [`RedisLimiter`](crate::redis::RedisLimiter)), answered by
-    /// the failure policy when Redis cannot. It serves each client's own plan, hard, soft or
-    /// queue; route and global rules and `headroom` need synced mode (a construction error
-    /// here), each plan's quotas are its own in Redis (two plans that list an equal quota do
-    /// not share its state, as they do in process), and a charge is never refunded
-    /// (`refund_when` has no effect).
+    /// the failure policy when Redis cannot (the layer's limiter is built with
+    /// [`Builder::redis_exact`](crate::Builder::redis_exact)). It serves each client's own
+    /// plan, hard, soft or queue, tiers (`headroom`) included, with one Redis key per (client,
+    /// quota), so plans that list an equal quota share its state as in process; route and
+    /// global rules need synced mode (a construction error here), and a charge is never
+    /// refunded (`refund_when` has no effect).
     #[cfg(feature = "redis")]
     pub fn redis_exact(mut self, redis: crate::redis::RedisConfig) -> Self {
         self.redis = Some(redis);

@@ -175,9 +175,10 @@ struct Core<C: Clock> {
     counters: HttpCounters,
     /// The recorder `/metrics` renders.
     exposition: Exposition,
-    /// Exact mode on Redis (`mode = "exact"`): each plan's limiter there, by plan id.
+    /// Exact mode on Redis (`mode = "exact"`): the limiter decides each plan in one script
+    /// there ([`Limiter::check_in_async`]).
     #[cfg(feature = "redis")]
-    exact: Option<Vec<Option<ExactPlan>>>,
+    exact: bool,
     /// Stops and joins the background sweeper when the last clone drops.
     _sweeper: Option<Sweeper>,
 }
@@ -246,15 +247,17 @@ impl<C: Clock> RateLimitLayer<C> {
             builder = builder.plan(name.clone(), plan.clone());
         }
         #[cfg(feature = "redis")]
-        if let (Some(redis), false) = (config.redis.clone(), config.redis_exact) {
-            builder = builder.redis_synced(redis);
+        if let Some(redis) = config.redis.clone() {
+            builder = if config.redis_exact {
+                exact_serves(&config)?;
+                builder.redis_exact(redis)
+            } else {
+                builder.redis_synced(redis)
+            };
         }
         let limiter = builder.build_shared()?;
         #[cfg(feature = "redis")]
-        let exact = match (&config.redis, config.redis_exact) {
-            (Some(redis), true) => Some(exact_plans(&config, redis, &limiter)?),
-            _ => None,
-        };
+        let exact = limiter.is_exact();
         let id = |name: &str| {
             limiter
                 .plan(name)
@@ -791,7 +794,7 @@ impl<C: Clock> RateLimitLayer<C> {
         cost: u64,
     ) -> Result<Passed, Response<Full<Bytes>>> {
         #[cfg(feature = "redis")]
-        if self.core.exact.is_some() {
+        if self.core.exact {
             return self.charge_exact(parts, found, cost).await;
         }
         self.charge(parts, found, cost)
@@ -810,28 +813,13 @@ impl<C: Clock> RateLimitLayer<C> {
     ) -> Result<Passed, Response<Full<Bytes>>> {
         let core = &self.core;
         let (client, plan) = found.map_err(|e| self.bad_key(parts, e))?;
-        let Some(x) = core
-            .exact
-            .as_ref()
-            .and_then(|plans| plans.get(plan.0 as usize))
-            .and_then(Option::as_ref)
-        else {
-            return self.answer(parts, Verdict::Error(unknown_plan_error(plan)), cost);
-        };
         let key = HttpKey { rule: None, client };
-        let name = key.to_string();
-        let checked = match x.strategy {
-            crate::Strategy::Queue { max_delay } => x.redis.reserve(&name, cost, max_delay).await,
-            _ => x.redis.check_n(&name, cost).await,
-        };
-        let mut d = match checked {
-            Ok(c) => c.decision(),
+        // The plan's strategy and stats are the limiter's (soft passes flagged, a queue's
+        // reservation held); the failure policy answers when Redis cannot.
+        let d = match core.limiter.check_in_async(&key, plan, cost).await {
+            Ok(d) => d,
             Err(e) => return self.answer(parts, Verdict::Error(e), cost),
         };
-        if x.strategy == crate::Strategy::Soft {
-            crate::limiter::soften_limited(&mut d);
-        }
-        core.limiter.count_external(plan, &d);
         let client = key.client.clone();
         let mut checks = Checks::new();
         checks.push(Check {
@@ -855,7 +843,7 @@ impl<C: Clock> RateLimitLayer<C> {
     fn finish<B>(&self, resp: &mut Response<B>, passed: &mut Passed) {
         // Exact mode's charges are Redis's and cannot be taken back: no refund there.
         #[cfg(feature = "redis")]
-        let refunds = self.core.exact.is_none();
+        let refunds = !self.core.exact;
         #[cfg(not(feature = "redis"))]
         let refunds = true;
         if refunds && self.hooks.refund.as_ref().is_some_and(|f| f(resp.status())) {
@@ -1112,68 +1100,19 @@ impl<C: Clock> RateLimitLayer<C> {
 }
 
 /// A plan served in exact mode: its quotas as one Redis limiter, and its strategy.
+/// What exact mode serves: each client's own plan (tiers and strategies included); route and
+/// global rules are synced mode's, an error here.
 #[cfg(feature = "redis")]
-struct ExactPlan {
-    redis: crate::redis::RedisLimiter,
-    strategy: crate::Strategy,
-}
-
-/// Each plan's exact-mode limiter, by plan id. Redis keys are named by quota, so plans that list
-/// an equal quota share its state per client, as they do in process. Rules and `headroom` are
-/// synced mode's: errors here.
-#[cfg(feature = "redis")]
-fn exact_plans<C: Clock>(
-    config: &HttpConfig,
-    redis: &crate::redis::RedisConfig,
-    limiter: &Limiter<HttpKey, C>,
-) -> Result<Vec<Option<ExactPlan>>, Error> {
-    let bad = |message: String| {
-        Err(Error::Config {
-            line: None,
-            message,
-        })
-    };
-    if !config.rules.is_empty() {
-        return bad(
-            "redis: mode = \"exact\" serves each client's own plan; route and global rules \
-             need mode = \"synced\""
-                .into(),
-        );
+fn exact_serves(config: &HttpConfig) -> Result<(), Error> {
+    if config.rules.is_empty() {
+        return Ok(());
     }
-    let mut plans: Vec<Option<ExactPlan>> = Vec::new();
-    for (name, plan) in &config.plans {
-        if plan.headroom_units() > 0 {
-            return bad(format!(
-                "redis: plan '{name}' has headroom, which mode = \"exact\" does not serve: use \
-                 mode = \"synced\""
-            ));
-        }
-        let id = limiter
-            .plan(name)
-            .ok_or_else(|| Error::UnknownPlan(name.clone()))?;
-        let mut b = crate::redis::RedisLimiter::builder_of(redis);
-        for q in plan.quotas() {
-            b = b.quota(*q);
-        }
-        let at = id.0 as usize;
-        if plans.len() <= at {
-            plans.resize_with(at + 1, || None);
-        }
-        plans[at] = Some(ExactPlan {
-            redis: b.build()?,
-            strategy: plan.strategy_kind(),
-        });
-    }
-    Ok(plans)
-}
-
-/// The error of a plan the layer has no limiter for (never: the layer adds no plans).
-#[cfg(feature = "redis")]
-fn unknown_plan_error(plan: PlanId) -> Error {
-    Error::Config {
+    Err(Error::Config {
         line: None,
-        message: format!("no exact-mode limiter for plan id {}", plan.0),
-    }
+        message: "redis: mode = \"exact\" serves each client's own plan; route and global rules \
+                  need mode = \"synced\""
+            .into(),
+    })
 }
 
 /// The layer's view of plan `id`.
@@ -1428,7 +1367,7 @@ where
         }
         let found = layer.plan_from_table(&parts, client);
         #[cfg(feature = "redis")]
-        if layer.core.exact.is_some() {
+        if layer.core.exact {
             // Exact mode: the charge is a Redis call, awaited in a boxed future of its own.
             let layer = layer.clone();
             let inner = taken(inner);

@@ -613,6 +613,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         time: &mut Option<(usize, u64)>,
     ) -> Result<(Decision, u32, &Counts), Error> {
         let l = self.limiter;
+        #[cfg(feature = "redis")]
+        if l.exact.is_some() {
+            return Err(Error::Config {
+                line: None,
+                message: "check_all: a limiter in Redis exact mode decides one script per plan, \
+                          not across limiters; use synced mode for check_all"
+                    .into(),
+            });
+        }
         let book = l.book.current();
         let plan = book.get(self.plan)?;
         plan.check_cost(cost)?;

@@ -4,6 +4,8 @@
 
 mod book;
 mod charge;
+#[cfg(feature = "redis")]
+mod exact;
 mod penalty;
 #[cfg(feature = "redis")]
 mod shared;
@@ -44,9 +46,13 @@ pub struct Builder<K, C = MonotonicClock> {
     sweep_grace: Duration,
     housekeeping: bool,
     clock: C,
-    /// Synced through Redis (see [`redis_synced`](Builder::redis_synced)).
+    /// Through Redis (see [`redis_synced`](Builder::redis_synced) and
+    /// [`redis_exact`](Builder::redis_exact)).
     #[cfg(feature = "redis")]
     redis: Option<crate::redis::RedisConfig>,
+    /// Exact mode rather than synced.
+    #[cfg(feature = "redis")]
+    exact: bool,
     key: PhantomData<fn(K)>,
 }
 
@@ -278,6 +284,8 @@ impl<K, C: Clock> Builder<K, C> {
             clock,
             #[cfg(feature = "redis")]
             redis: self.redis,
+            #[cfg(feature = "redis")]
+            exact: self.exact,
             key: PhantomData,
         }
     }
@@ -297,7 +305,7 @@ impl<K, C: Clock> Builder<K, C> {
         if self.redis.is_some() {
             return Err(Error::Config {
                 line: None,
-                message: "a limiter synced through Redis is shared: build it with build_shared()"
+                message: "a limiter through Redis (synced or exact) is shared: build it with build_shared()"
                     .into(),
             });
         }
@@ -356,10 +364,13 @@ impl<K, C: Clock> Builder<K, C> {
             last_reclaim: crate::sync::AtomicU64::new(u64::MAX),
             #[cfg(feature = "redis")]
             shared: None,
+            #[cfg(feature = "redis")]
+            exact: None,
         })
     }
 
-    /// Whether the limiter is synced through Redis.
+    /// Whether the limiter's decisions go through Redis (synced or exact: the short paths,
+    /// which bypass the hooks, are off).
     fn synced(&self) -> bool {
         #[cfg(feature = "redis")]
         {
@@ -377,6 +388,23 @@ impl<K, C: Clock> Builder<K, C> {
     #[cfg(feature = "redis")]
     pub fn redis_synced(mut self, redis: crate::redis::RedisConfig) -> Self {
         self.redis = Some(redis);
+        self.exact = false;
+        self
+    }
+
+    /// Makes every decision of the limiter one Lua script on Redis, in exact mode (feature
+    /// `redis`; see [`RedisConfig`](crate::redis::RedisConfig): its `interval` is unused):
+    /// *exactly* the decisions of one in-process limiter, across every process that shares the
+    /// server. Build it with [`build_shared`](Self::build_shared) and decide with the async
+    /// calls ([`Limiter::check_in_async`] and its siblings): a synchronous call cannot wait for
+    /// Redis, so on an exact-mode limiter it is answered as while Redis is out of reach, by the
+    /// failure policy (and counted as degraded). Plans, compound plans, tiers (`headroom`),
+    /// the strategies, `peek` and the per-plan stats work as in process; `check_all` is an
+    /// error (its parts would be separate scripts: use synced mode).
+    #[cfg(feature = "redis")]
+    pub fn redis_exact(mut self, redis: crate::redis::RedisConfig) -> Self {
+        self.redis = Some(redis);
+        self.exact = true;
         self
     }
 
@@ -396,6 +424,18 @@ impl<K, C: Clock> Builder<K, C> {
     where
         K: Hash + Eq + Clone + Send + Sync + std::fmt::Display + 'static,
     {
+        #[cfg(feature = "redis")]
+        if let (Some(redis), true) = (self.redis.clone(), self.exact) {
+            let mut limiter = self.build_local()?;
+            let plans = crate::sync::lock(&limiter.plans).clone();
+            limiter.exact = Some(exact::Exact::new(
+                redis,
+                &plans,
+                &limiter.book.current().by_name,
+                |k: &K| k.to_string().replace(['{', '}'], "_"),
+            )?);
+            return Ok(Arc::new(limiter));
+        }
         #[cfg(feature = "redis")]
         if let Some(redis) = self.redis.clone() {
             let interval = redis.interval;
@@ -506,6 +546,9 @@ pub struct Limiter<K, C = MonotonicClock> {
     /// Synced through Redis: the trackers and the rounds' Redis side.
     #[cfg(feature = "redis")]
     shared: Option<shared::Shared<K>>,
+    /// Exact mode: each plan's Redis limiter.
+    #[cfg(feature = "redis")]
+    exact: Option<exact::Exact<K>>,
     /// Clock reading (ns) of the last sweep a new state at the cap ran (see
     /// [`reclaim_at_cap`](Self::reclaim_at_cap)); `u64::MAX` before the first.
     last_reclaim: crate::sync::AtomicU64,
@@ -579,6 +622,8 @@ impl<K> Limiter<K, MonotonicClock> {
             clock: MonotonicClock::process(),
             #[cfg(feature = "redis")]
             redis: None,
+            #[cfg(feature = "redis")]
+            exact: false,
             key: PhantomData,
         }
     }
@@ -1130,6 +1175,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         if self.is_synced() {
             shared::check_rules(&book.rules)?;
         }
+        #[cfg(feature = "redis")]
+        if let Some(x) = &self.exact {
+            x.install(&next, &book.by_name)?;
+        }
         let id = book.by_name[name];
         self.book.install(book);
         *plans = next;
@@ -1138,9 +1187,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         Ok(id)
     }
 
-    /// Counts a decision made for `plan` elsewhere (the HTTP layer's exact mode, on Redis) in
-    /// the plan's stats.
-    #[cfg(all(feature = "http", feature = "redis"))]
+    /// Counts a decision made for `plan` elsewhere (exact mode, on Redis) in the plan's stats.
+    #[cfg(feature = "redis")]
     pub(crate) fn count_external(&self, plan: PlanId, d: &Decision) {
         if let Ok(p) = self.book.current().get(plan) {
             p.counts.count(Count::of(d), 0);
@@ -1393,6 +1441,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 _ => None,
             };
             if let Some(d) = fast {
+                return Ok(d);
+            }
+        }
+        #[cfg(feature = "redis")]
+        if let Some(x) = &self.exact {
+            // Exact mode decides on Redis, which a synchronous call cannot wait for.
+            let limit = plan.parts.first().map_or(0, |p| p.rule.capacity);
+            if let Some(mut d) = x.sync_answer(limit) {
+                self.settle(plan, &mut d, 0, mode);
                 return Ok(d);
             }
         }

@@ -175,6 +175,9 @@ const MAX_WINDOW_PERIOD_NS: u64 = 1 << 62;
 struct Common {
     target: Result<Target, Error>,
     quotas: Vec<Quota>,
+    /// Units of every quota left unavailable to this limiter's callers (a lower tier of a
+    /// `Limiter` in exact mode; see `Plan::headroom`), 0 for a plain `RedisLimiter`.
+    headroom: u64,
     prefix: String,
     deadline: Duration,
     policy: FailurePolicy,
@@ -186,6 +189,7 @@ impl Common {
         Common {
             target,
             quotas: Vec::new(),
+            headroom: 0,
             prefix: "tollgate:".into(),
             deadline: DEFAULT_DEADLINE,
             policy: FailurePolicy::Closed,
@@ -321,13 +325,13 @@ pub(crate) use common_setters;
 
 impl RedisLimiter {
     /// A builder on the server, prefix, deadline, failure policy and breaker of `cfg` (its
-    /// interval, synced mode's, is unused here): the HTTP layer's exact mode.
-    #[cfg(feature = "http")]
+    /// interval, synced mode's, is unused here): a `Limiter`'s plans in exact mode.
     pub(crate) fn builder_of(cfg: &RedisConfig) -> RedisBuilder {
         RedisBuilder {
             common: Common {
                 target: cfg.target.clone(),
                 quotas: Vec::new(),
+                headroom: 0,
                 prefix: cfg.prefix.clone(),
                 deadline: cfg.deadline,
                 policy: cfg.policy,
@@ -357,6 +361,13 @@ impl RedisLimiter {
 
 impl<C: Clock + Clone> RedisBuilder<C> {
     common_setters!();
+
+    /// Leaves `units` of every quota unavailable to this limiter's callers (a lower tier; see
+    /// `Plan::headroom`). The `Limiter`'s plans in exact mode; checked against the quotas there.
+    pub(crate) fn headroom(mut self, units: u64) -> Self {
+        self.common.headroom = units;
+        self
+    }
 
     /// The local clock: it times the breaker's backoff and runs the local share. Decisions Redis
     /// makes use the server's clock only, so app servers with skewed clocks agree.
@@ -388,6 +399,7 @@ impl<C: Clock + Clone> RedisBuilder<C> {
             inner: Arc::new(Inner {
                 max_cost: rules.iter().map(|r| r.capacity).min().unwrap_or(0),
                 names: rule_names(&rules),
+                headroom: self.common.headroom,
                 rules,
                 sha: script.get_hash().to_string(),
                 source,
@@ -476,6 +488,8 @@ struct Inner<C> {
     rules: Vec<Rule>,
     /// Each rule's part of its Redis keys' names (see [`rule_names`]).
     names: Vec<String>,
+    /// See [`Common::headroom`].
+    headroom: u64,
     max_cost: u64,
     sha: String,
     source: String,
@@ -574,7 +588,7 @@ impl<C: Clock> RedisLimiter<C> {
         // never taken; it answers by the policy rather than panic.
         match self.call(key, 1, Call::Check).await {
             Ok(c) => c,
-            Err(_) => self.degraded(key, 1, self.inner.clock.now()),
+            Err(_) => self.degraded(key, 1, self.inner.clock.now(), Call::Check),
         }
     }
 
@@ -594,6 +608,12 @@ impl<C: Clock> RedisLimiter<C> {
         max_delay: Duration,
     ) -> Result<Checked, Error> {
         self.call(key, cost, Call::Reserve(nanos(max_delay))).await
+    }
+
+    /// What [`check_n`](Self::check_n) would answer now, charging nothing (the script decides
+    /// and writes nothing). The same errors.
+    pub async fn peek(&self, key: &str, cost: u64) -> Result<Checked, Error> {
+        self.call(key, cost, Call::Peek).await
     }
 
     /// The counters.
@@ -668,7 +688,7 @@ impl<C: Clock> RedisLimiter<C> {
         let gate = inner.breaker.gate(now);
         if gate == Gate::Shut {
             bump(&inner.counters.short_circuited);
-            return Ok(self.degraded(key, cost, now));
+            return Ok(self.degraded(key, cost, now, call));
         }
         if gate == Gate::Probe {
             bump(&inner.counters.probes);
@@ -709,7 +729,7 @@ impl<C: Clock> RedisLimiter<C> {
                     if gate == Gate::Probe {
                         inner.breaker.success(gate);
                     }
-                    return Ok(self.degraded(key, cost, now));
+                    return Ok(self.degraded(key, cost, now, call));
                 }
                 if inner.breaker.failure(gate, now) {
                     bump(&inner.counters.breaker_opens);
@@ -718,7 +738,7 @@ impl<C: Clock> RedisLimiter<C> {
                 } else if dropped || gate == Gate::Probe {
                     inner.link.reset();
                 }
-                Ok(self.degraded(key, cost, now))
+                Ok(self.degraded(key, cost, now, call))
             }
         }
     }
@@ -729,9 +749,9 @@ impl<C: Clock> RedisLimiter<C> {
         let inner = &*self.inner;
         let mut conn = inner.link.get().await.map_err(Failure::Redis)?;
         let keys = self.keys_of(key);
-        let mut args: Vec<String> = vec![inner.rules.len().to_string()];
+        let mut args: Vec<String> = vec![call.count_arg(inner.rules.len())];
         for r in &inner.rules {
-            args.extend(script::part_args(r, cost, call));
+            args.extend(script::part_args(r, cost, call, inner.headroom));
         }
         let mut cmd = Cmd::new();
         cmd.arg("EVALSHA")
@@ -758,7 +778,8 @@ impl<C: Clock> RedisLimiter<C> {
         let (all, now, replies) =
             script::parse_reply(&value, inner.rules.len()).map_err(|_| Failure::Reply)?;
         let (decision, mismatches) =
-            script::combine(&inner.rules, &replies, now, cost, call).map_err(|_| Failure::Reply)?;
+            script::combine(&inner.rules, &replies, now, cost, call, inner.headroom)
+                .map_err(|_| Failure::Reply)?;
         if mismatches > 0 || decision.allowed != all {
             bump(&inner.counters.mismatches);
         }
@@ -772,7 +793,7 @@ impl<C: Clock> RedisLimiter<C> {
     }
 
     /// The policy's answer when Redis cannot give one.
-    fn degraded(&self, key: &str, cost: u64, now: u64) -> Checked {
+    fn degraded(&self, key: &str, cost: u64, now: u64, call: Call) -> Checked {
         let inner = &*self.inner;
         let limit = inner.rules[0].capacity;
         match inner.policy {
@@ -798,7 +819,13 @@ impl<C: Clock> RedisLimiter<C> {
                 let decision = inner
                     .local
                     .as_ref()
-                    .and_then(|l| l.check_n(&key.to_string(), cost).ok())
+                    .and_then(|l| {
+                        let key = key.to_string();
+                        match call {
+                            Call::Peek => l.peek_in(&key, l.plan("default")?, cost).ok(),
+                            _ => l.check_n(&key, cost).ok(),
+                        }
+                    })
                     .unwrap_or(Decision {
                         limit,
                         ..Decision::denied(Reason::Limited, 0)

@@ -227,10 +227,12 @@ local function decide_l(keys, a)
 end
 "#;
 
-/// Runs every part, writes only if all pass, and replies
-/// `{all_passed, now_ns, verdict_1, state_1, verdict_2, state_2, ...}`.
+/// Runs every part, writes only if all pass (never for a peek: a negative part count), and
+/// replies `{all_passed, now_ns, verdict_1, state_1, verdict_2, state_2, ...}`.
 const DRIVER: &str = r#"
 local n = tonumber(ARGV[1])
+local peek = n < 0
+if peek then n = -n end
 local ki, ai = 1, 2
 local all, writes, out = true, {}, {0, str(NH, NL)}
 for i = 1, n do
@@ -245,7 +247,9 @@ for i = 1, n do
   writes[#writes + 1] = write
 end
 if all then
-  for _, w in ipairs(writes) do w() end
+  if not peek then
+    for _, w in ipairs(writes) do w() end
+  end
   out[1] = 1
 end
 return out
@@ -359,11 +363,23 @@ fn log_decision(s: &str, rule: &Rule) -> Result<Decision, BadReply> {
     Ok(step.decision)
 }
 
-/// Whether a part is being checked or reserved (bucket parts may admit for a later moment).
+/// Whether a part is being checked, reserved (bucket parts may admit for a later moment) or
+/// peeked (decided as a check, nothing written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Call {
     Check,
     Reserve(u64),
+    Peek,
+}
+
+impl Call {
+    /// The script's first argument: the part count, negative for a peek.
+    pub(crate) fn count_arg(self, parts: usize) -> String {
+        match self {
+            Call::Peek => format!("-{parts}"),
+            _ => parts.to_string(),
+        }
+    }
 }
 
 /// The decision for one part, computed by the in-process algorithm on the state the script read
@@ -374,16 +390,19 @@ pub(crate) fn part_decision(
     now: u64,
     cost: u64,
     call: Call,
+    headroom: u64,
 ) -> Result<Decision, BadReply> {
     if rule.kind == Kind::Log {
         return log_decision(&reply.state, rule);
     }
     let state = word_state(rule.kind, &reply.state)?;
     let step = match (rule.kind, call) {
-        (Kind::Gcra, Call::Reserve(max)) => algo::gcra::reserve(state, now, cost, rule, max, 0),
-        (Kind::Gcra, Call::Check) => algo::gcra::decide(state, now, cost, rule, 0),
-        (Kind::Fixed, _) => algo::fixed::decide(state, now, cost, rule, 0),
-        (Kind::Sliding, _) => algo::sliding::decide(state, now, cost, rule, 0),
+        (Kind::Gcra, Call::Reserve(max)) => {
+            algo::gcra::reserve(state, now, cost, rule, max, headroom)
+        }
+        (Kind::Gcra, _) => algo::gcra::decide(state, now, cost, rule, headroom),
+        (Kind::Fixed, _) => algo::fixed::decide(state, now, cost, rule, headroom),
+        (Kind::Sliding, _) => algo::sliding::decide(state, now, cost, rule, headroom),
         (Kind::Log, _) => unreachable!("handled above"),
     };
     Ok(step.decision)
@@ -398,6 +417,7 @@ pub(crate) fn combine(
     now: u64,
     cost: u64,
     call: Call,
+    headroom: u64,
 ) -> Result<(Decision, usize), BadReply> {
     let mut decisions = Vec::with_capacity(rules.len());
     let mut denied_at = None;
@@ -408,7 +428,7 @@ pub(crate) fn combine(
         } else {
             call
         };
-        let d = part_decision(rule, reply, now, cost, c)?;
+        let d = part_decision(rule, reply, now, cost, c, headroom)?;
         if denied_at.is_none() && d.allowed != reply.admitted {
             mismatches += 1;
         }
@@ -432,18 +452,23 @@ pub(crate) fn combine(
     Ok((merged, mismatches))
 }
 
-/// The script's arguments for one part: kind code and three values.
-pub(crate) fn part_args(rule: &Rule, cost: u64, call: Call) -> [String; 4] {
+/// The script's arguments for one part: kind code and three values. `headroom` units stay
+/// unavailable to this caller (a lower tier, see `Plan::headroom`): the tolerance or the limit
+/// the script sees is that much smaller, as in process.
+pub(crate) fn part_args(rule: &Rule, cost: u64, call: Call, headroom: u64) -> [String; 4] {
+    let limit = rule.limit - headroom;
     match rule.kind {
         Kind::Gcra => {
             let extra = match call {
                 Call::Reserve(max) => max,
-                Call::Check => 0,
+                Call::Check | Call::Peek => 0,
             };
             [
                 "g".into(),
                 (cost * rule.emission).to_string(),
-                rule.tolerance.saturating_add(extra).to_string(),
+                (rule.tolerance - headroom * rule.emission)
+                    .saturating_add(extra)
+                    .to_string(),
                 String::new(),
             ]
         }
@@ -451,19 +476,19 @@ pub(crate) fn part_args(rule: &Rule, cost: u64, call: Call) -> [String; 4] {
             "f".into(),
             (rule.period / 1000).to_string(),
             cost.to_string(),
-            rule.limit.to_string(),
+            limit.to_string(),
         ],
         Kind::Sliding => [
             "s".into(),
             (rule.period / 1000).to_string(),
             cost.to_string(),
-            rule.limit.to_string(),
+            limit.to_string(),
         ],
         Kind::Log => [
             "l".into(),
             rule.period.to_string(),
             cost.to_string(),
-            rule.limit.to_string(),
+            limit.to_string(),
         ],
     }
 }
@@ -528,10 +553,10 @@ mod tests {
             .unwrap();
         // T = ceil(1e8 / 3) = 33,333,334 ns.
         assert_eq!(
-            part_args(&r, 2, Call::Check),
+            part_args(&r, 2, Call::Check, 0),
             ["g", "66666668", "66666668", ""].map(String::from)
         );
-        assert_eq!(part_args(&r, 1, Call::Reserve(5))[2], "66666673");
+        assert_eq!(part_args(&r, 1, Call::Reserve(5), 0)[2], "66666673");
     }
 
     #[test]
@@ -554,7 +579,7 @@ mod tests {
                 state: bad.into(),
             };
             assert!(
-                part_decision(&fixed, &reply, 0, 1, Call::Check).is_err(),
+                part_decision(&fixed, &reply, 0, 1, Call::Check, 0).is_err(),
                 "{bad}"
             );
         }
@@ -566,6 +591,6 @@ mod tests {
             admitted: true,
             state: "1:2:3".into(),
         };
-        assert!(part_decision(&log, &reply, 0, 1, Call::Check).is_err());
+        assert!(part_decision(&log, &reply, 0, 1, Call::Check, 0).is_err());
     }
 }

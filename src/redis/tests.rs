@@ -89,7 +89,7 @@ fn eval(
 ) -> (crate::Decision, bool, Option<String>) {
     let mut cmd = ::redis::cmd("EVAL");
     cmd.arg(src).arg(keys.len()).arg(keys).arg(1);
-    cmd.arg(&script::part_args(rule, cost, Call::Check));
+    cmd.arg(&script::part_args(rule, cost, Call::Check, 0));
     cmd.arg(now_us / 1_000_000).arg(now_us % 1_000_000);
     // One transaction, so no time passes between the script and the reads (some TTLs here are
     // a few ms: the time the script is given is not the server's).
@@ -103,7 +103,7 @@ fn eval(
         .unwrap();
     let (all, now, replies) = script::parse_reply(&v, 1).unwrap();
     assert_eq!(now, now_us * 1000);
-    let (d, mismatches) = script::combine(&[*rule], &replies, now, cost, Call::Check).unwrap();
+    let (d, mismatches) = script::combine(&[*rule], &replies, now, cost, Call::Check, 0).unwrap();
     assert_eq!(mismatches, 0);
     assert_eq!(d.allowed, all);
     // The script is given a time that is not the server's: a key written near its window's end

@@ -1,0 +1,240 @@
+//! A limiter whose every decision is one Lua script on Redis, in exact mode (feature `redis`,
+//! [`Builder::redis_exact`](super::Builder::redis_exact)).
+//!
+//! Each plan is a [`RedisLimiter`] over the plan's quotas (a compound plan is one script over
+//! its parts, all or nothing), with the plan's `headroom` (a lower tier sees that much less of
+//! every quota) and its strategy (soft flags, queue reserves). Redis names a (key, quota) state
+//! by the key and the quota, so plans that list an equal quota share it per key, as in process.
+//! The book, the plan names and ids and the per-plan stats are the local limiter's; its table
+//! holds nothing but what the failure policy decides locally.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::time::Duration;
+
+use super::Limiter;
+use super::book::{Plan, PlanId, Strategy};
+use crate::clock::Clock;
+use crate::decision::{Decision, Reason};
+use crate::error::Error;
+use crate::redis::{FailurePolicy, RedisConfig, RedisLimiter};
+use crate::sync::{AtomicU64, Ordering};
+
+/// One plan on Redis.
+#[derive(Clone)]
+struct ExactPlan {
+    redis: RedisLimiter,
+    strategy: Strategy,
+}
+
+/// What an exact-mode limiter keeps beside its book.
+pub(crate) struct Exact<K> {
+    /// Each plan's Redis limiter, by plan id (rebuilt by `set_plan`). Read per call, never
+    /// held across an await.
+    plans: RwLock<Vec<Option<ExactPlan>>>,
+    config: RedisConfig,
+    /// The key as Redis names it (its `Display`, braces replaced: the hash tag is the key).
+    name: fn(&K) -> String,
+    /// Synchronous calls, answered by the failure policy.
+    sync_calls: AtomicU64,
+}
+
+/// The three kinds of async call.
+#[derive(Clone, Copy)]
+enum Call {
+    Check,
+    Peek,
+    Reserve(Duration),
+}
+
+impl<K> Exact<K> {
+    /// Each of `plans` on Redis under `config`, by the ids `ids` gives them.
+    pub(crate) fn new(
+        config: RedisConfig,
+        plans: &[(String, Plan)],
+        ids: &HashMap<String, PlanId>,
+        name: fn(&K) -> String,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        let exact = Exact {
+            plans: RwLock::new(Vec::new()),
+            config,
+            name,
+            sync_calls: AtomicU64::new(0),
+        };
+        exact.install(plans, ids)?;
+        Ok(exact)
+    }
+
+    /// Builds every plan's Redis limiter and installs them (all or none).
+    pub(crate) fn install(
+        &self,
+        plans: &[(String, Plan)],
+        ids: &HashMap<String, PlanId>,
+    ) -> Result<(), Error> {
+        let mut built: Vec<Option<ExactPlan>> = Vec::new();
+        for (name, plan) in plans {
+            let mut b = RedisLimiter::builder_of(&self.config).headroom(plan.headroom_units());
+            for q in plan.quotas() {
+                b = b.quota(*q);
+            }
+            let at = ids
+                .get(name)
+                .ok_or_else(|| Error::UnknownPlan(name.clone()))?
+                .0 as usize;
+            if built.len() <= at {
+                built.resize_with(at + 1, || None);
+            }
+            built[at] = Some(ExactPlan {
+                redis: b.build()?,
+                strategy: plan.strategy_kind(),
+            });
+        }
+        *self.plans.write().unwrap_or_else(|e| e.into_inner()) = built;
+        Ok(())
+    }
+
+    /// Plan `plan`'s Redis limiter (a clone: an `Arc`).
+    fn plan(&self, plan: PlanId) -> Result<ExactPlan, Error> {
+        let plans = self.plans.read().unwrap_or_else(|e| e.into_inner());
+        plans
+            .get(plan.0 as usize)
+            .and_then(Option::as_ref)
+            .cloned()
+            .ok_or_else(|| Error::UnknownPlan(format!("#{}", plan.0)))
+    }
+
+    /// What a synchronous call on an exact-mode limiter gets: the failure policy's answer
+    /// (`None`: decide on the local table, the local share), counted.
+    pub(crate) fn sync_answer(&self, limit: u64) -> Option<Decision> {
+        // Relaxed: a statistic.
+        self.sync_calls.fetch_add(1, Ordering::Relaxed);
+        match self.config.policy {
+            FailurePolicy::Open => Some(Decision {
+                allowed: true,
+                reason: Reason::Within,
+                limit,
+                remaining: 0,
+                reset_after_ns: 0,
+                retry_after_ns: 0,
+                delay_ns: 0,
+            }),
+            FailurePolicy::LocalShare { .. } => None,
+            _ => Some(Decision {
+                limit,
+                ..Decision::denied(Reason::Limited, 0)
+            }),
+        }
+    }
+
+    /// Synchronous calls answered by the policy so far.
+    pub(crate) fn sync_calls(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.sync_calls.load(Ordering::Relaxed)
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// [`check`](Self::check) on every backend: in exact mode ([`Builder::redis_exact`]) one
+    /// script on Redis, elsewhere the same as `check` (so code written once runs on all three).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use tollgate::{Limiter, Quota};
+    /// let limiter = Limiter::<u64>::builder().quota(Quota::per_second(1)).build_shared()?;
+    /// assert!(limiter.check_async(&7).await.is_allowed());
+    /// assert!(!limiter.check_async(&7).await.is_allowed());
+    /// # Ok::<(), tollgate::Error>(()) }).unwrap();
+    /// ```
+    ///
+    /// [`Builder::redis_exact`]: crate::Builder::redis_exact
+    pub async fn check_async(&self, key: &K) -> Decision {
+        self.check_in_async(key, PlanId::DEFAULT, 1)
+            .await
+            .unwrap_or_else(|_| Decision::denied(Reason::Limited, 0))
+    }
+
+    /// [`check_in`](Self::check_in) on every backend (see [`check_async`](Self::check_async)):
+    /// the plan's strategy applies (soft flags, queue reserves up to its `max_delay`).
+    pub async fn check_in_async(
+        &self,
+        key: &K,
+        plan: PlanId,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        match &self.exact {
+            Some(x) => self.exact_call(x, key, plan, cost, Call::Check).await,
+            None => self.check_in(key, plan, cost),
+        }
+    }
+
+    /// [`peek_in`](Self::peek_in) on every backend (see [`check_async`](Self::check_async)):
+    /// in exact mode the script decides and writes nothing.
+    pub async fn peek_in_async(&self, key: &K, plan: PlanId, cost: u64) -> Result<Decision, Error> {
+        match &self.exact {
+            Some(x) => self.exact_call(x, key, plan, cost, Call::Peek).await,
+            None => self.peek_in(key, plan, cost),
+        }
+    }
+
+    /// [`reserve_in`](Self::reserve_in) on every backend (see
+    /// [`check_async`](Self::check_async)).
+    pub async fn reserve_in_async(
+        &self,
+        key: &K,
+        plan: PlanId,
+        cost: u64,
+        max_delay: Duration,
+    ) -> Result<Decision, Error> {
+        match &self.exact {
+            Some(x) => {
+                self.exact_call(x, key, plan, cost, Call::Reserve(max_delay))
+                    .await
+            }
+            None => self.reserve_in(key, plan, cost, max_delay),
+        }
+    }
+
+    /// Whether every decision is made on Redis ([`Builder::redis_exact`]).
+    ///
+    /// [`Builder::redis_exact`]: crate::Builder::redis_exact
+    pub fn is_exact(&self) -> bool {
+        self.exact.is_some()
+    }
+
+    /// Synchronous calls an exact-mode limiter answered by its failure policy (they cannot wait
+    /// for Redis); 0 elsewhere.
+    pub fn sync_calls_degraded(&self) -> u64 {
+        self.exact.as_ref().map_or(0, Exact::sync_calls)
+    }
+
+    /// One decision on Redis, with the plan's strategy, counted in the plan's stats (a peek
+    /// counts nothing, as in process).
+    async fn exact_call(
+        &self,
+        x: &Exact<K>,
+        key: &K,
+        plan: PlanId,
+        cost: u64,
+        call: Call,
+    ) -> Result<Decision, Error> {
+        self.book.current().get(plan)?.check_cost(cost)?;
+        let p = x.plan(plan)?;
+        let name = (x.name)(key);
+        let checked = match (call, p.strategy) {
+            (Call::Peek, _) => p.redis.peek(&name, cost).await?,
+            (Call::Reserve(max), _) | (Call::Check, Strategy::Queue { max_delay: max }) => {
+                p.redis.reserve(&name, cost, max).await?
+            }
+            (Call::Check, _) => p.redis.check_n(&name, cost).await?,
+        };
+        let mut d = checked.decision();
+        if p.strategy == Strategy::Soft {
+            super::soften_limited(&mut d);
+        }
+        if !matches!(call, Call::Peek) {
+            self.count_external(plan, &d);
+        }
+        Ok(d)
+    }
+}
