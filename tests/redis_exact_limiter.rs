@@ -186,9 +186,12 @@ fn tiers_peek_and_strategies_hold_across_processes() {
         }
         assert_eq!(reasons, [Reason::Within, Reason::Within, Reason::SoftLimit]);
 
-        // Queue: the second request in the same instant waits about 100 ms.
+        // Queue: the second request in the same instant waits about 100 ms (a peek says so
+        // first, reserving nothing).
         let queue = id(&ls[0], "queue");
         let first = ls[0].check_in_async(&"q".into(), queue, 1).await.unwrap();
+        let peeked = ls[1].peek_in_async(&"q".into(), queue, 1).await.unwrap();
+        assert!(peeked.is_allowed() && peeked.delay() > Duration::from_millis(50));
         let second = ls[1].check_in_async(&"q".into(), queue, 1).await.unwrap();
         assert_eq!(first.delay(), Duration::ZERO);
         assert!(second.is_allowed());

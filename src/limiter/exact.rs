@@ -222,6 +222,10 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
         let p = x.plan(plan)?;
         let name = (x.name)(key);
         let checked = match (call, p.strategy) {
+            // A queue plan's peek is the reservation it would make, as in process.
+            (Call::Peek, Strategy::Queue { max_delay }) => {
+                p.redis.peek_reserve(&name, cost, max_delay).await?
+            }
             (Call::Peek, _) => p.redis.peek(&name, cost).await?,
             (Call::Reserve(max), _) | (Call::Check, Strategy::Queue { max_delay: max }) => {
                 p.redis.reserve(&name, cost, max).await?

@@ -613,7 +613,19 @@ impl<C: Clock> RedisLimiter<C> {
     /// What [`check_n`](Self::check_n) would answer now, charging nothing (the script decides
     /// and writes nothing). The same errors.
     pub async fn peek(&self, key: &str, cost: u64) -> Result<Checked, Error> {
-        self.call(key, cost, Call::Peek).await
+        self.call(key, cost, Call::Peek(None)).await
+    }
+
+    /// What [`reserve`](Self::reserve) would answer now, reserving nothing (a queue plan's
+    /// peek in exact mode).
+    pub(crate) async fn peek_reserve(
+        &self,
+        key: &str,
+        cost: u64,
+        max_delay: Duration,
+    ) -> Result<Checked, Error> {
+        self.call(key, cost, Call::Peek(Some(nanos(max_delay))))
+            .await
     }
 
     /// The counters.
@@ -822,7 +834,7 @@ impl<C: Clock> RedisLimiter<C> {
                     .and_then(|l| {
                         let key = key.to_string();
                         match call {
-                            Call::Peek => l.peek_in(&key, l.plan("default")?, cost).ok(),
+                            Call::Peek(_) => l.peek_in(&key, l.plan("default")?, cost).ok(),
                             _ => l.check_n(&key, cost).ok(),
                         }
                     })

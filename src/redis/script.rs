@@ -364,19 +364,19 @@ fn log_decision(s: &str, rule: &Rule) -> Result<Decision, BadReply> {
 }
 
 /// Whether a part is being checked, reserved (bucket parts may admit for a later moment) or
-/// peeked (decided as a check, nothing written).
+/// peeked: decided as a check, or as a reservation up to the given delay, nothing written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Call {
     Check,
     Reserve(u64),
-    Peek,
+    Peek(Option<u64>),
 }
 
 impl Call {
     /// The script's first argument: the part count, negative for a peek.
     pub(crate) fn count_arg(self, parts: usize) -> String {
         match self {
-            Call::Peek => format!("-{parts}"),
+            Call::Peek(_) => format!("-{parts}"),
             _ => parts.to_string(),
         }
     }
@@ -397,7 +397,7 @@ pub(crate) fn part_decision(
     }
     let state = word_state(rule.kind, &reply.state)?;
     let step = match (rule.kind, call) {
-        (Kind::Gcra, Call::Reserve(max)) => {
+        (Kind::Gcra, Call::Reserve(max) | Call::Peek(Some(max))) => {
             algo::gcra::reserve(state, now, cost, rule, max, headroom)
         }
         (Kind::Gcra, _) => algo::gcra::decide(state, now, cost, rule, headroom),
@@ -460,8 +460,8 @@ pub(crate) fn part_args(rule: &Rule, cost: u64, call: Call, headroom: u64) -> [S
     match rule.kind {
         Kind::Gcra => {
             let extra = match call {
-                Call::Reserve(max) => max,
-                Call::Check | Call::Peek => 0,
+                Call::Reserve(max) | Call::Peek(Some(max)) => max,
+                Call::Check | Call::Peek(None) => 0,
             };
             [
                 "g".into(),
