@@ -1099,7 +1099,6 @@ impl<C: Clock> RateLimitLayer<C> {
     }
 }
 
-/// A plan served in exact mode: its quotas as one Redis limiter, and its strategy.
 /// What exact mode serves: each client's own plan (tiers and strategies included); route and
 /// global rules are synced mode's, an error here.
 #[cfg(feature = "redis")]

@@ -432,7 +432,7 @@ impl<K, C: Clock> Builder<K, C> {
                 redis,
                 &plans,
                 &limiter.book.current().by_name,
-                |k: &K| k.to_string().replace(['{', '}'], "_"),
+                redis_name::<K>,
             )?);
             return Ok(Arc::new(limiter));
         }
@@ -447,15 +447,19 @@ impl<K, C: Clock> Builder<K, C> {
                 });
             }
             shared::check_rules(&limiter.book.current().rules)?;
-            limiter.shared = Some(shared::Shared::new(redis, |k: &K| {
-                k.to_string().replace(['{', '}'], "_")
-            })?);
+            limiter.shared = Some(shared::Shared::new(redis, redis_name::<K>)?);
             let limiter = Arc::new(limiter);
             shared::spawn_rounds(&limiter, interval)?;
             return Ok(limiter);
         }
         self.build_local().map(Arc::new)
     }
+}
+
+/// How Redis names a key: its `Display`, braces replaced (the key is the hash tag).
+#[cfg(feature = "redis")]
+fn redis_name<K: std::fmt::Display>(k: &K) -> String {
+    k.to_string().replace(['{', '}'], "_")
 }
 
 /// The least time between two whole-table sweeps by new states at the cap (see
@@ -557,9 +561,9 @@ pub struct Limiter<K, C = MonotonicClock> {
 impl<K, C: std::fmt::Debug> std::fmt::Debug for Limiter<K, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         #[cfg(feature = "redis")]
-        let synced = self.shared.is_some();
+        let (synced, exact) = (self.shared.is_some(), self.exact.is_some());
         #[cfg(not(feature = "redis"))]
-        let synced = false;
+        let (synced, exact) = (false, false);
         let book = self.book.current();
         f.debug_struct("Limiter")
             .field("flat_store", &matches!(self.store, Map::Flat(_)))
@@ -570,6 +574,7 @@ impl<K, C: std::fmt::Debug> std::fmt::Debug for Limiter<K, C> {
             .field("rules", &book.rules.len())
             .field("clock", &self.clock)
             .field("synced", &synced)
+            .field("exact", &exact)
             .finish_non_exhaustive()
     }
 }
