@@ -110,15 +110,7 @@ impl<K> Exact<K> {
         // Relaxed: a statistic.
         self.sync_calls.fetch_add(1, Ordering::Relaxed);
         match self.config.policy {
-            FailurePolicy::Open => Some(Decision {
-                allowed: true,
-                reason: Reason::Within,
-                limit,
-                remaining: 0,
-                reset_after_ns: 0,
-                retry_after_ns: 0,
-                delay_ns: 0,
-            }),
+            FailurePolicy::Open => Some(crate::redis::open_decision(limit)),
             FailurePolicy::LocalShare { .. } => None,
             _ => Some(Decision {
                 limit,

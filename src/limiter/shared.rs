@@ -97,15 +97,7 @@ impl<K: Hash + Eq + Clone> Shared<K> {
             return None;
         }
         let d = match self.policy {
-            FailurePolicy::Open => Decision {
-                allowed: true,
-                reason: Reason::Within,
-                limit: rule.capacity,
-                remaining: 0,
-                reset_after_ns: 0,
-                retry_after_ns: 0,
-                delay_ns: 0,
-            },
+            FailurePolicy::Open => crate::redis::open_decision(rule.capacity),
             FailurePolicy::Closed => {
                 let wait = self.sync.breaker.wait_ns(now);
                 Decision {

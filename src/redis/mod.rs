@@ -163,6 +163,20 @@ impl RedisStats {
     }
 }
 
+/// The open policy's answer while Redis cannot give one: admitted, with nothing known of what
+/// remains (every mode's `FailurePolicy::Open`).
+pub(crate) fn open_decision(limit: u64) -> Decision {
+    Decision {
+        allowed: true,
+        reason: Reason::Within,
+        limit,
+        remaining: 0,
+        reset_after_ns: 0,
+        retry_after_ns: 0,
+        delay_ns: 0,
+    }
+}
+
 /// Default per-call deadline.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(5);
 
@@ -812,15 +826,7 @@ impl<C: Clock> RedisLimiter<C> {
             FailurePolicy::Open => {
                 bump(&inner.counters.failed_open);
                 Checked {
-                    decision: Decision {
-                        allowed: true,
-                        reason: Reason::Within,
-                        limit,
-                        remaining: 0,
-                        reset_after_ns: 0,
-                        retry_after_ns: 0,
-                        delay_ns: 0,
-                    },
+                    decision: open_decision(limit),
                     source: Source::FailedOpen,
                     server_time_ns: None,
                 }

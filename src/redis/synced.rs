@@ -261,15 +261,7 @@ impl SyncedLimiter {
         inner.sync.stats.degraded.fetch_add(1, Ordering::Relaxed);
         let limit = inner.rule.capacity;
         match inner.policy {
-            FailurePolicy::Open => Some(Decision {
-                allowed: true,
-                reason: Reason::Within,
-                limit,
-                remaining: 0,
-                reset_after_ns: 0,
-                retry_after_ns: 0,
-                delay_ns: 0,
-            }),
+            FailurePolicy::Open => Some(crate::redis::open_decision(limit)),
             FailurePolicy::Closed => {
                 let wait = inner.sync.breaker.wait_ns(inner.clock.now());
                 Some(Decision {
