@@ -251,19 +251,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// Synced mode's counters; `None` for a limiter in process only.
     pub fn synced_stats(&self) -> Option<SyncedStats> {
         let sh = self.shared.as_ref()?;
-        let c = &sh.sync.stats;
-        // Relaxed (all): a snapshot of statistics.
-        let r = |a: &crate::sync::AtomicU64| a.load(Ordering::Relaxed);
-        Some(SyncedStats {
-            rounds: r(&c.rounds),
-            failed_rounds: r(&c.failed_rounds),
-            keys_synced: r(&c.keys_synced),
-            units_pushed: r(&c.units_pushed),
-            units_unconfirmed: r(&c.units_unconfirmed),
-            degraded: r(&c.degraded),
-            evicted: r(&c.evicted),
-            keys: sh.tracks.len() as u64,
-        })
+        Some(sh.sync.stats.snapshot(sh.tracks.len() as u64))
     }
 
     /// Runs one reconciliation round now (the background task runs them on the interval);

@@ -74,6 +74,24 @@ pub(crate) struct Counters {
     pub(crate) evicted: AtomicU64,
 }
 
+impl Counters {
+    /// A snapshot, with `keys` tracked states.
+    pub(crate) fn snapshot(&self, keys: u64) -> super::SyncedStats {
+        // Relaxed (all): a snapshot of statistics.
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        super::SyncedStats {
+            rounds: r(&self.rounds),
+            failed_rounds: r(&self.failed_rounds),
+            keys_synced: r(&self.keys_synced),
+            units_pushed: r(&self.units_pushed),
+            units_unconfirmed: r(&self.units_unconfirmed),
+            degraded: r(&self.degraded),
+            evicted: r(&self.evicted),
+            keys,
+        }
+    }
+}
+
 /// What a round pushes for one (key, rule).
 pub(crate) struct Push<'a> {
     /// The Redis key (the window algorithms' counters are this plus `:<window>`).

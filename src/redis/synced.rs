@@ -276,19 +276,10 @@ impl SyncedLimiter {
 
     /// The counters.
     pub fn stats(&self) -> SyncedStats {
-        let c = &self.inner.sync.stats;
-        // Relaxed (all): a snapshot of statistics.
-        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        SyncedStats {
-            rounds: r(&c.rounds),
-            failed_rounds: r(&c.failed_rounds),
-            keys_synced: r(&c.keys_synced),
-            units_pushed: r(&c.units_pushed),
-            units_unconfirmed: r(&c.units_unconfirmed),
-            degraded: r(&c.degraded),
-            evicted: r(&c.evicted),
-            keys: self.inner.slots.len() as u64,
-        }
+        self.inner
+            .sync
+            .stats
+            .snapshot(self.inner.slots.len() as u64)
     }
 
     /// Runs one reconciliation round now (the background task runs them on the interval).
