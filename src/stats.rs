@@ -227,13 +227,7 @@ impl Tally<'_> {
         // Relaxed (all counters): statistics, read as an approximate snapshot. An owned stripe
         // has one writer, so a load and a store lose nothing; the shared stripe takes one RMW
         // per add.
-        let add = |c: &AtomicU64, n: u64| {
-            if self.owned {
-                c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
-            } else {
-                c.fetch_add(n, Ordering::Relaxed);
-            }
-        };
+        let add = |c: &AtomicU64, n: u64| bump(c, n, self.owned);
         if what == Count::TableFull {
             add(&s.counts[Count::Denied as usize], 1);
         }
@@ -286,6 +280,52 @@ fn stripe_count() -> usize {
 fn stripe_index() -> usize {
     let held = INDEX.with(std::cell::Cell::get);
     if held == UNSET { take_index() } else { held }
+}
+
+/// Adds `n` to `c`: with a plain load and store when the caller's stripe is its own (`owned`:
+/// the only writer), with one RMW on the shared stripe. Relaxed: statistics, read as an
+/// approximate snapshot; a stripe's single writer loses nothing with a load and a store.
+#[inline(always)]
+fn bump(c: &AtomicU64, n: u64, owned: bool) {
+    if owned {
+        c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    } else {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// `N` counters striped as a plan's counts are (see the module docs): each thread adds to its
+/// own stripe with a plain load and store, a read sums the stripes. For counters bumped on every
+/// request outside the plans (the HTTP layer's), where a `lock xadd` per request was a tenth of
+/// the layer's cost.
+#[cfg(feature = "http")]
+pub(crate) struct Striped<const N: usize>(Box<[CachePadded<[AtomicU64; N]>]>);
+
+#[cfg(feature = "http")]
+impl<const N: usize> Striped<N> {
+    pub(crate) fn new() -> Self {
+        Striped(
+            (0..=stripe_count())
+                .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
+                .collect(),
+        )
+    }
+
+    /// Adds `n` to counter `i` on the calling thread's stripe (the shared one, last, for a
+    /// thread past the stripes; always under loom, as [`Counts::tally`]).
+    #[inline(always)]
+    pub(crate) fn add(&self, i: usize, n: u64) {
+        let shared = self.0.len() - 1;
+        let at = stripe_index();
+        let owned = at < shared && !cfg!(tollgate_loom);
+        bump(&self.0[if owned { at } else { shared }][i], n, owned);
+    }
+
+    /// Counter `i` summed over the stripes.
+    pub(crate) fn sum(&self, i: usize) -> u64 {
+        // Relaxed: an approximate snapshot of statistics.
+        self.0.iter().map(|s| s[i].load(Ordering::Relaxed)).sum()
+    }
 }
 
 /// What [`INDEX`] holds before the thread's first count.

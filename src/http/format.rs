@@ -19,6 +19,65 @@ pub(crate) fn unix_secs_at(unix_epoch_ns: u64, now: u64, after_ns: u64) -> u64 {
     ceil_secs(unix_epoch_ns.saturating_add(now).saturating_add(after_ns))
 }
 
+/// Numbers below this have a static header value ([`header_num`]).
+const SMALL: u64 = 10_000;
+
+/// `0123456789101112...9999`: every number below [`SMALL`], written out one after another, so
+/// a small number's header value is a slice of it.
+const DIGITS: &str = match std::str::from_utf8(&digits()) {
+    Ok(s) => s,
+    Err(_) => panic!("digits are ASCII"),
+};
+
+/// How many bytes [`DIGITS`] takes: 10 one-digit numbers, 90 two-digit ones, and so on.
+const DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9000 * 4;
+
+const fn digits() -> [u8; DIGITS_LEN] {
+    let mut out = [0u8; DIGITS_LEN];
+    let (mut n, mut at) = (0u64, 0usize);
+    while n < SMALL {
+        let len = decimal_len(n);
+        let (mut i, mut rest) = (len, n);
+        while i > 0 {
+            i -= 1;
+            out[at + i] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        at += len;
+        n += 1;
+    }
+    out
+}
+
+/// Decimal digits of `n` below [`SMALL`].
+const fn decimal_len(n: u64) -> usize {
+    match n {
+        0..=9 => 1,
+        10..=99 => 2,
+        100..=999 => 3,
+        _ => 4,
+    }
+}
+
+/// `n` as a header value: below 10,000 (limits and remaining counts, mostly) a slice of a
+/// static string, which costs no allocation (an `X-RateLimit-*` value formatted per response
+/// cost one each); above, formatted.
+pub(crate) fn header_num(n: u64) -> http::HeaderValue {
+    if n >= SMALL {
+        return http::HeaderValue::from(n);
+    }
+    let len = decimal_len(n);
+    // Where the numbers of `len` digits start, and the first of them.
+    let (start, first) = match len {
+        1 => (0, 0),
+        2 => (10, 10),
+        3 => (190, 100),
+        _ => (2890, 1000),
+    };
+    let at = start + (n - first) as usize * len;
+    http::HeaderValue::from_static(&DIGITS[at..at + len])
+}
+
 /// RFC 3339 UTC (`2024-01-01T12:00:00Z`) of a Unix second. Days to civil date by Howard
 /// Hinnant's algorithm (exact for the proleptic Gregorian calendar).
 ///
@@ -80,6 +139,13 @@ pub(crate) fn period_words(period_ns: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn header_num_writes_every_number() {
+        for n in (0..=10_001).chain([99_999, 1_733_500_000, u64::MAX]) {
+            assert_eq!(header_num(n).to_str().unwrap(), n.to_string(), "{n}");
+        }
+    }
 
     #[test]
     fn rfc3339_known_dates() {

@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::{Either, Full};
+use http_body_util::Full;
 
 use crate::cell::Mode;
 use crate::clock::{Clock, MonotonicClock};
@@ -207,15 +207,31 @@ struct Core<C: Clock> {
 /// # let _ = app;
 /// ```
 pub struct RateLimitLayer<C: Clock = MonotonicClock> {
+    /// One `Arc` for everything, so cloning the layer's service (axum clones it for every
+    /// request) is one reference count, not one per part.
+    shared: Arc<Shared<C>>,
+}
+
+/// What a layer's clones share: the core, and the hooks (a clone given a hook of its own gets
+/// its own copy of this, still sharing the core).
+struct Shared<C: Clock> {
     core: Arc<Core<C>>,
-    hooks: Arc<Hooks>,
+    hooks: Hooks,
+}
+
+impl<C: Clock> Clone for Shared<C> {
+    fn clone(&self) -> Self {
+        Shared {
+            core: Arc::clone(&self.core),
+            hooks: self.hooks.clone(),
+        }
+    }
 }
 
 impl<C: Clock> Clone for RateLimitLayer<C> {
     fn clone(&self) -> Self {
         RateLimitLayer {
-            core: Arc::clone(&self.core),
-            hooks: Arc::clone(&self.hooks),
+            shared: Arc::clone(&self.shared),
         }
     }
 }
@@ -321,21 +337,23 @@ impl<C: Clock> RateLimitLayer<C> {
             .sweep_interval
             .map(|every| limiter.start_sweeper(every));
         Ok(RateLimitLayer {
-            core: Arc::new(Core {
-                limiter,
-                config,
-                plans,
-                default_plan,
-                api_key_plans,
-                rules,
-                api_key_header,
-                counters: HttpCounters::default(),
-                exposition: Exposition::new(),
-                #[cfg(feature = "redis")]
-                exact,
-                _sweeper: sweeper,
+            shared: Arc::new(Shared {
+                core: Arc::new(Core {
+                    limiter,
+                    config,
+                    plans,
+                    default_plan,
+                    api_key_plans,
+                    rules,
+                    api_key_header,
+                    counters: HttpCounters::default(),
+                    exposition: Exposition::new(),
+                    #[cfg(feature = "redis")]
+                    exact,
+                    _sweeper: sweeper,
+                }),
+                hooks: Hooks::default(),
             }),
-            hooks: Arc::default(),
         })
     }
 
@@ -363,7 +381,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&http::request::Parts, &ClientKey) -> PlanFuture + Send + Sync + 'static,
     {
-        Arc::make_mut(&mut self.hooks).resolver = Some(Arc::new(resolve));
+        Arc::make_mut(&mut self.shared).hooks.resolver = Some(Arc::new(resolve));
         self
     }
 
@@ -373,7 +391,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
     {
-        Arc::make_mut(&mut self.hooks).user = Some(Arc::new(extract));
+        Arc::make_mut(&mut self.shared).hooks.user = Some(Arc::new(extract));
         self
     }
 
@@ -407,7 +425,7 @@ impl<C: Clock> RateLimitLayer<C> {
             + Sync
             + 'static,
     {
-        Arc::make_mut(&mut self.hooks).key = Some(Arc::new(extract));
+        Arc::make_mut(&mut self.shared).hooks.key = Some(Arc::new(extract));
         self
     }
 
@@ -434,7 +452,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&Denied<'_>) -> Response<Full<Bytes>> + Send + Sync + 'static,
     {
-        Arc::make_mut(&mut self.hooks).denied = Some(Arc::new(respond));
+        Arc::make_mut(&mut self.shared).hooks.denied = Some(Arc::new(respond));
         self
     }
 
@@ -458,7 +476,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&http::request::Parts) -> u64 + Send + Sync + 'static,
     {
-        Arc::make_mut(&mut self.hooks).cost = Some(Arc::new(cost));
+        Arc::make_mut(&mut self.shared).hooks.cost = Some(Arc::new(cost));
         self
     }
 
@@ -478,13 +496,13 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,
     {
-        Arc::make_mut(&mut self.hooks).refund = Some(Arc::new(refund));
+        Arc::make_mut(&mut self.shared).hooks.refund = Some(Arc::new(refund));
         self
     }
 
     /// The limiter behind the layer (for stats, `block`, `reset`, or checks of your own).
     pub fn limiter(&self) -> &Arc<Limiter<HttpKey, C>> {
-        &self.core.limiter
+        &self.shared.core.limiter
     }
 
     /// The counters in the Prometheus text format: the limiter's totals, each plan's decisions
@@ -502,7 +520,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn metrics(&self) -> String {
-        self.core.exposition.render(|| self.publish_to(&[]))
+        self.shared.core.exposition.render(|| self.publish_to(&[]))
     }
 
     /// Publishes the same counters through the `metrics` facade (feature `metrics`), labelled
@@ -512,16 +530,17 @@ impl<C: Clock> RateLimitLayer<C> {
     }
 
     fn publish_to(&self, base: &[metrics::Label]) {
-        let limiter = &self.core.limiter;
+        let limiter = &self.shared.core.limiter;
         crate::stats::publish::totals(base, &limiter.stats());
         crate::stats::publish::breakdown(base, &limiter.plan_stats(), &limiter.rule_stats());
-        self.core.counters.publish(base);
+        self.shared.core.counters.publish(base);
     }
 
     /// The client key of a request head from the configured sources, before any
     /// [`OnBadKey`] fallback: what the layer would key the request by, or why it cannot.
+    #[inline]
     pub fn client_key(&self, parts: &http::request::Parts) -> Result<ClientKey, KeyError> {
-        match self.core.config.key.as_slice() {
+        match self.shared.core.config.key.as_slice() {
             [one] => self.source_key(parts, *one),
             sources => {
                 let keys = sources
@@ -534,12 +553,13 @@ impl<C: Clock> RateLimitLayer<C> {
     }
 
     /// The key of one source.
+    #[inline]
     fn source_key(
         &self,
         parts: &http::request::Parts,
         source: KeySource,
     ) -> Result<ClientKey, KeyError> {
-        let core = &self.core;
+        let core = &self.shared.core;
         match source {
             KeySource::Ip => peer_ip(parts).ok_or(KeyError::NoPeer).and_then(|peer| {
                 client_ip_from_headers(
@@ -553,7 +573,7 @@ impl<C: Clock> RateLimitLayer<C> {
             }),
             KeySource::ApiKey => api_key_from_headers(&parts.headers, core.api_key_header.as_str())
                 .map(|k| ClientKey::ApiKey(k.into())),
-            KeySource::User => match self.hooks.user.as_ref().and_then(|f| f(parts)) {
+            KeySource::User => match self.shared.hooks.user.as_ref().and_then(|f| f(parts)) {
                 Some(u) if !u.is_empty() && u.len() <= crate::http::keys::MAX_KEY_LEN => {
                     Ok(ClientKey::User(u.into()))
                 }
@@ -564,8 +584,9 @@ impl<C: Clock> RateLimitLayer<C> {
 
     /// The request's key: the custom extractor's, or the configured sources' after the
     /// [`OnBadKey`] fallback.
+    #[inline]
     fn key_of(&self, parts: &http::request::Parts) -> Result<ClientKey, Rejection> {
-        if let Some(extract) = &self.hooks.key {
+        if let Some(extract) = &self.shared.hooks.key {
             return extract(parts).map_err(Rejection::Custom);
         }
         match self.client_key(parts) {
@@ -576,8 +597,8 @@ impl<C: Clock> RateLimitLayer<C> {
 
     /// The configured [`OnBadKey`] behaviour for a request without a usable key.
     fn fallback(&self, parts: &http::request::Parts, e: KeyError) -> Result<ClientKey, KeyError> {
-        self.core.counters.bad_key();
-        match self.core.config.on_bad_key {
+        self.shared.core.counters.bad_key();
+        match self.shared.core.config.on_bad_key {
             OnBadKey::Reject => Err(e),
             OnBadKey::Shared => Ok(ClientKey::Unidentified),
             OnBadKey::Peer => Ok(self.client_address(parts)),
@@ -587,7 +608,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// The client's address as `key = "ip"` takes it: the peer walked back through trusted
     /// proxies; the peer itself when a trusted proxy's header is malformed.
     fn client_address(&self, parts: &http::request::Parts) -> ClientKey {
-        let c = &self.core.config;
+        let c = &self.shared.core.config;
         peer_ip(parts).map_or(ClientKey::Unidentified, |peer| {
             let ip =
                 client_ip_from_headers(peer, &parts.headers, c.forwarded, &c.trusted, c.v6_prefix)
@@ -597,8 +618,9 @@ impl<C: Clock> RateLimitLayer<C> {
     }
 
     /// True for a request from an exempt key or network.
+    #[inline]
     fn exempt(&self, parts: &http::request::Parts, client: &ClientKey) -> bool {
-        let c = &self.core.config;
+        let c = &self.shared.core.config;
         if !c.exempt_keys.is_empty() && any_name(client, &|k| c.exempt_keys.contains(k)) {
             return true;
         }
@@ -611,12 +633,13 @@ impl<C: Clock> RateLimitLayer<C> {
     }
 
     /// The request's plan from the API key table (no resolver), and the key to charge.
+    #[inline]
     fn plan_from_table(
         &self,
         parts: &http::request::Parts,
         client: ClientKey,
     ) -> Result<(ClientKey, PlanId), KeyError> {
-        let core = &self.core;
+        let core = &self.shared.core;
         if !core.api_key_plans.is_empty() {
             let key = match api_key_of(&client) {
                 Some(k) => Some(k),
@@ -626,6 +649,10 @@ impl<C: Clock> RateLimitLayer<C> {
                 return Ok((client, plan));
             }
         }
+        if api_key_of(&client).is_none() {
+            // No API key to judge (see `plan_named`): the default plan.
+            return Ok((client, core.default_plan));
+        }
         self.plan_named(parts, client, None)
     }
 
@@ -633,13 +660,14 @@ impl<C: Clock> RateLimitLayer<C> {
     /// table that does not list the key) and the key to charge. An API key from the configured
     /// sources that nothing knows is no identity: the request is keyed as one without a key,
     /// under the default plan (or rejected, by [`OnBadKey`]).
+    #[inline]
     fn plan_named(
         &self,
         parts: &http::request::Parts,
         client: ClientKey,
         name: Option<String>,
     ) -> Result<(ClientKey, PlanId), KeyError> {
-        let core = &self.core;
+        let core = &self.shared.core;
         match name {
             Some(n) => {
                 let plan = core.limiter.plan(&n).unwrap_or_else(|| {
@@ -648,7 +676,7 @@ impl<C: Clock> RateLimitLayer<C> {
                 });
                 Ok((client, plan))
             }
-            None if self.hooks.key.is_none()
+            None if self.shared.hooks.key.is_none()
                 && core.config.key.contains(&KeySource::ApiKey)
                 && api_key_of(&client).is_some() =>
             {
@@ -664,7 +692,7 @@ impl<C: Clock> RateLimitLayer<C> {
     // an allocation to the denial path.
     #[allow(clippy::result_large_err)]
     fn front(&self, parts: &http::request::Parts) -> Result<Front, Response<Full<Bytes>>> {
-        let core = &self.core;
+        let core = &self.shared.core;
         core.counters.request();
         let client = match self.key_of(parts) {
             Ok(k) => k,
@@ -674,7 +702,7 @@ impl<C: Clock> RateLimitLayer<C> {
                 return Err(*resp);
             }
         };
-        let cost = self.hooks.cost.as_ref().map_or(1, |f| f(parts));
+        let cost = self.shared.hooks.cost.as_ref().map_or(1, |f| f(parts));
         if cost == 0 || self.exempt(parts, &client) {
             core.counters.exempt();
             return Ok(Front::Exempt);
@@ -684,7 +712,7 @@ impl<C: Clock> RateLimitLayer<C> {
 
     /// The 400 for a request without a usable key.
     fn bad_key(&self, parts: &http::request::Parts, e: KeyError) -> Response<Full<Bytes>> {
-        self.core.counters.rejected_bad_key();
+        self.shared.core.counters.rejected_bad_key();
         #[cfg(feature = "tracing")]
         tracing::debug!(target: "tollgate", error = %e, path = parts.uri.path(), "bad client key");
         reject(
@@ -705,7 +733,68 @@ impl<C: Clock> RateLimitLayer<C> {
         cost: u64,
     ) -> Result<Passed, Response<Full<Bytes>>> {
         let (client, plan) = found.map_err(|e| self.bad_key(parts, e))?;
+        if self.shared.core.rules.is_empty() {
+            return self.charge_own(parts, client, plan, cost);
+        }
         self.answer(parts, self.decide(parts, client, plan, cost), cost)
+    }
+
+    /// [`charge`](Self::charge) of the only limit, the client's plan (no rules): a plain pass
+    /// goes straight to the forwarded request; the rest through [`answer`](Self::answer).
+    #[allow(clippy::result_large_err)] // as `front`
+    fn charge_own(
+        &self,
+        parts: &http::request::Parts,
+        client: ClientKey,
+        plan: PlanId,
+        cost: u64,
+    ) -> Result<Passed, Response<Full<Bytes>>> {
+        let key = HttpKey { rule: None, client };
+        let verdict = match self
+            .shared
+            .core
+            .limiter
+            .charge_detailed(&key, plan, cost, Mode::Check)
+        {
+            Ok(detailed) => {
+                let d = detailed.decision;
+                if d.is_allowed() && d.reason() != Reason::SoftLimit && d.delay_ns() == 0 {
+                    // Only headers or a refund need the charge after the response.
+                    let carried = self.shared.core.config.headers != HeaderStyle::None
+                        || self.shared.hooks.refund.is_some();
+                    return Ok(Passed {
+                        checks: if carried {
+                            Checks::One(Check {
+                                key,
+                                plan,
+                                detailed,
+                            })
+                        } else {
+                            Checks::None
+                        },
+                        cost,
+                        delay: 0,
+                    });
+                }
+                let checks = Checks::One(Check {
+                    key,
+                    plan,
+                    detailed,
+                });
+                if d.is_allowed() {
+                    Verdict::Pass { checks }
+                } else {
+                    let client = checks[0].key.client.clone();
+                    Verdict::Deny {
+                        checks,
+                        at: 0,
+                        client,
+                    }
+                }
+            }
+            Err(e) => Verdict::Error(e),
+        };
+        self.answer(parts, verdict, cost)
     }
 
     /// What a charge's verdict means for the request: what to forward with, or the layer's
@@ -717,7 +806,7 @@ impl<C: Clock> RateLimitLayer<C> {
         verdict: Verdict,
         cost: u64,
     ) -> Result<Passed, Response<Full<Bytes>>> {
-        let core = &self.core;
+        let core = &self.shared.core;
         match verdict {
             Verdict::Pass { checks } => {
                 if checks
@@ -775,16 +864,6 @@ impl<C: Clock> RateLimitLayer<C> {
         }
     }
 
-    /// Whether [`finish`](Self::finish) has anything to do for `passed`.
-    fn finishes(&self, passed: &Passed) -> bool {
-        self.core.config.headers != HeaderStyle::None
-            || self.hooks.refund.is_some()
-            || passed
-                .checks
-                .iter()
-                .any(|c| c.detailed.decision.reason() == Reason::SoftLimit)
-    }
-
     /// [`charge`](Self::charge), or in exact mode [`charge_exact`](Self::charge_exact).
     #[allow(clippy::result_large_err)] // as `front`
     async fn charge_any(
@@ -794,7 +873,7 @@ impl<C: Clock> RateLimitLayer<C> {
         cost: u64,
     ) -> Result<Passed, Response<Full<Bytes>>> {
         #[cfg(feature = "redis")]
-        if self.core.exact {
+        if self.shared.core.exact {
             return self.charge_exact(parts, found, cost).await;
         }
         self.charge(parts, found, cost)
@@ -811,7 +890,7 @@ impl<C: Clock> RateLimitLayer<C> {
         found: Result<(ClientKey, PlanId), KeyError>,
         cost: u64,
     ) -> Result<Passed, Response<Full<Bytes>>> {
-        let core = &self.core;
+        let core = &self.shared.core;
         let (client, plan) = found.map_err(|e| self.bad_key(parts, e))?;
         let key = HttpKey { rule: None, client };
         // The plan's strategy and stats are the limiter's (soft passes flagged, a queue's
@@ -843,12 +922,19 @@ impl<C: Clock> RateLimitLayer<C> {
     fn finish<B>(&self, resp: &mut Response<B>, passed: &mut Passed) {
         // Exact mode's charges are Redis's and cannot be taken back: no refund there.
         #[cfg(feature = "redis")]
-        let refunds = !self.core.exact;
+        let refunds = !self.shared.core.exact;
         #[cfg(not(feature = "redis"))]
         let refunds = true;
-        if refunds && self.hooks.refund.as_ref().is_some_and(|f| f(resp.status())) {
-            refund_all(&self.core.limiter, &mut passed.checks, passed.cost);
-            self.core.counters.refunded();
+        if refunds
+            && self
+                .shared
+                .hooks
+                .refund
+                .as_ref()
+                .is_some_and(|f| f(resp.status()))
+        {
+            refund_all(&self.shared.core.limiter, &mut passed.checks, passed.cost);
+            self.shared.core.counters.refunded();
         }
         self.write_headers(resp.headers_mut(), &passed.checks);
     }
@@ -861,7 +947,7 @@ impl<C: Clock> RateLimitLayer<C> {
         plan: PlanId,
         cost: u64,
     ) -> Verdict {
-        let core = &self.core;
+        let core = &self.shared.core;
         let method = parts.method.as_str();
         let path = parts.uri.path();
         let mut checks = Checks::new();
@@ -929,7 +1015,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// The policy a check is described by: its plan's, or its rule's under that plan. `None`
     /// only if the plan vanished from the tables (never: the layer adds no plans).
     fn policy(&self, c: &Check) -> Option<&Policy> {
-        let core = &self.core;
+        let core = &self.shared.core;
         match c.key.rule {
             None => plan_info(&core.plans, c.plan).map(|p| &p.policy),
             Some(i) => core.rules[usize::from(i)].policies.get(&c.plan),
@@ -938,30 +1024,30 @@ impl<C: Clock> RateLimitLayer<C> {
 
     /// Adds the configured headers for `checks` to `headers`.
     fn write_headers(&self, headers: &mut HeaderMap, checks: &[Check]) {
-        let style = self.core.config.headers;
-        if checks.is_empty() {
-            return;
-        }
-        // One growth of the map at most, instead of one per header.
-        match style {
-            HeaderStyle::Both => headers.reserve(5),
-            HeaderStyle::Github | HeaderStyle::Ietf => headers.reserve(3),
-            HeaderStyle::None => {}
-        }
-        let now = checks[0].detailed.now;
-        let epoch = self.core.limiter.clock().unix_epoch_ns();
+        self.headers_for(checks).write(headers);
+    }
+
+    /// The configured headers for `checks`, made now (see [`Made`]).
+    fn headers_for(&self, checks: &[Check]) -> Made {
+        let style = self.shared.core.config.headers;
+        let mut made = Made::default();
+        let Some(first) = checks.first() else {
+            return made;
+        };
+        made.soft = checks
+            .iter()
+            .any(|c| c.detailed.decision.reason() == Reason::SoftLimit);
         if style.github() {
-            let mut merged = checks[0].detailed.decision;
+            let mut merged = first.detailed.decision;
             for c in &checks[1..] {
                 merged.merge(&c.detailed.decision);
             }
-            insert_num(headers, X_RATELIMIT_LIMIT, merged.limit());
-            insert_num(headers, X_RATELIMIT_REMAINING, merged.remaining());
-            insert_num(
-                headers,
-                X_RATELIMIT_RESET,
-                format::unix_secs_at(epoch, now, merged.reset_after_ns()),
-            );
+            let epoch = self.shared.core.limiter.clock().unix_epoch_ns();
+            made.github = Some([
+                merged.limit(),
+                merged.remaining(),
+                format::unix_secs_at(epoch, first.detailed.now, merged.reset_after_ns()),
+            ]);
         }
         if style.ietf() {
             let policy = match checks {
@@ -977,9 +1063,6 @@ impl<C: Clock> RateLimitLayer<C> {
                     HeaderValue::from_str(&items).ok()
                 }
             };
-            if let Some(v) = policy {
-                headers.insert(RATELIMIT_POLICY, v);
-            }
             let mut state = String::with_capacity(32 * checks.len());
             for c in checks {
                 let Some(policy) = self.policy(c) else {
@@ -997,21 +1080,12 @@ impl<C: Clock> RateLimitLayer<C> {
                     );
                 }
             }
-            if let Ok(v) = HeaderValue::from_str(&state) {
-                headers.insert(RATELIMIT, v);
-            }
+            made.ietf = Some(Box::new(Ietf {
+                policy,
+                state: HeaderValue::from_str(&state).ok(),
+            }));
         }
-        if checks
-            .iter()
-            .any(|c| c.detailed.decision.reason() == Reason::SoftLimit)
-        {
-            headers.insert(
-                http::header::WARNING,
-                HeaderValue::from_static(
-                    "199 tollgate \"rate limit exceeded; passed by the soft limit\"",
-                ),
-            );
-        }
+        made
     }
 
     /// The answer to a denial at `checks[at]`: the custom response, the gRPC status, or the
@@ -1029,7 +1103,8 @@ impl<C: Clock> RateLimitLayer<C> {
             Reason::Blocked => "You are temporarily blocked".to_string(),
             Reason::TableFull => "Too many clients are being tracked; try again later".to_string(),
             _ => {
-                let quotas = plan_info(&self.core.plans, c.plan).map_or(&[][..], |p| &p.quotas[..]);
+                let quotas =
+                    plan_info(&self.shared.core.plans, c.plan).map_or(&[][..], |p| &p.quotas[..]);
                 // The part that denied (the first one not allowed).
                 let q = quotas
                     .iter()
@@ -1054,7 +1129,7 @@ impl<C: Clock> RateLimitLayer<C> {
             format::retry_after_secs(d.retry_after_ns()),
         );
         self.write_headers(&mut ours, checks);
-        if let Some(respond) = &self.hooks.denied {
+        if let Some(respond) = &self.shared.hooks.denied {
             let label = self.policy(c).map_or("", |p| p.label.as_str());
             let mut resp = respond(&Denied {
                 request: parts,
@@ -1074,7 +1149,7 @@ impl<C: Clock> RateLimitLayer<C> {
         let mut resp = if grpc::is_grpc(parts) {
             grpc::status(grpc::RESOURCE_EXHAUSTED, &message, Some(d.retry_after_ns()))
         } else {
-            let epoch = self.core.limiter.clock().unix_epoch_ns();
+            let epoch = self.shared.core.limiter.clock().unix_epoch_ns();
             let reset_at = format::rfc3339(format::unix_secs_at(
                 epoch,
                 c.detailed.now,
@@ -1192,6 +1267,66 @@ enum Front {
     Charge { client: ClientKey, cost: u64 },
 }
 
+/// The rate-limit headers of a response, made from its charges: `X-RateLimit-*` (limit,
+/// remaining, reset as Unix seconds), the IETF `RateLimit-Policy` and `RateLimit`, and whether a
+/// soft limit passed it (`Warning`). Made when the request is charged, so a passed request
+/// without a refund hook carries these few values to its response instead of its charges and
+/// the layer.
+/// The IETF pair is boxed (it is formatted into new strings anyway): what rides along the
+/// response future stays small.
+#[derive(Default)]
+struct Made {
+    github: Option<[u64; 3]>,
+    ietf: Option<Box<Ietf>>,
+    soft: bool,
+}
+
+/// The IETF headers: `RateLimit-Policy` and `RateLimit`.
+struct Ietf {
+    policy: Option<HeaderValue>,
+    state: Option<HeaderValue>,
+}
+
+impl Made {
+    /// True when there is nothing to add.
+    fn is_empty(&self) -> bool {
+        self.github.is_none() && self.ietf.is_none() && !self.soft
+    }
+
+    /// Adds the headers to `headers`.
+    fn write(self, headers: &mut HeaderMap) {
+        // One growth of the map at most, instead of one per header.
+        let n = 3 * usize::from(self.github.is_some())
+            + 2 * usize::from(self.ietf.is_some())
+            + usize::from(self.soft);
+        if n == 0 {
+            return;
+        }
+        headers.reserve(n);
+        if let Some([limit, remaining, reset]) = self.github {
+            insert_num(headers, X_RATELIMIT_LIMIT, limit);
+            insert_num(headers, X_RATELIMIT_REMAINING, remaining);
+            insert_num(headers, X_RATELIMIT_RESET, reset);
+        }
+        if let Some(ietf) = self.ietf {
+            if let Some(v) = ietf.policy {
+                headers.insert(RATELIMIT_POLICY, v);
+            }
+            if let Some(v) = ietf.state {
+                headers.insert(RATELIMIT, v);
+            }
+        }
+        if self.soft {
+            headers.insert(
+                http::header::WARNING,
+                HeaderValue::from_static(
+                    "199 tollgate \"rate limit exceeded; passed by the soft limit\"",
+                ),
+            );
+        }
+    }
+}
+
 /// A request that passed: its charges (for the headers and a refund) and how long to hold it.
 struct Passed {
     checks: Checks,
@@ -1249,10 +1384,11 @@ const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy")
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 fn insert_num(headers: &mut HeaderMap, name: HeaderName, n: u64) {
-    headers.insert(name, HeaderValue::from(n));
+    headers.insert(name, format::header_num(n));
 }
 
 /// The peer address from axum's `ConnectInfo<SocketAddr>` or a plain `SocketAddr` extension.
+#[inline]
 fn peer_ip(parts: &http::request::Parts) -> Option<IpAddr> {
     if let Some(axum::extract::ConnectInfo(addr)) = parts
         .extensions
@@ -1311,8 +1447,12 @@ impl<S: Clone, C: Clock> Clone for RateLimit<S, C> {
     }
 }
 
-/// The response body: the inner service's, or the layer's own (429, 400).
-pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
+/// The response body: axum's [`Body`](axum::body::Body), for every inner service. An inner
+/// body that is axum's own passes through as it is (no allocation: axum, which boxes any other
+/// body type a layer answers with, finds nothing to do); any other (hyper's, tonic's, a
+/// `Full<Bytes>`) is boxed once, as axum and tonic would box it; the layer's own answers (429,
+/// 400, gRPC statuses) are carried in it too.
+pub type RateLimitBody = axum::body::Body;
 
 impl<S, C, ReqBody, ResBody> tower::Service<Request<ReqBody>> for RateLimit<S, C>
 where
@@ -1323,9 +1463,9 @@ where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    type Response = Response<RateLimitBody<ResBody>>;
+    type Response = Response<RateLimitBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody, S::Error, C>;
+    type Future = ResponseFuture<S::Future, S::Error, C>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -1345,11 +1485,14 @@ where
         let (client, cost) = match layer.front(&parts) {
             Err(resp) => return ResponseFuture::answer(resp),
             Ok(Front::Exempt) => {
-                return ResponseFuture::forward(inner.call(Request::from_parts(parts, body)), None);
+                return ResponseFuture::forward(
+                    inner.call(Request::from_parts(parts, body)),
+                    After::Nothing,
+                );
             }
             Ok(Front::Charge { client, cost }) => (client, cost),
         };
-        if let Some(resolve) = &layer.hooks.resolver {
+        if let Some(resolve) = &layer.shared.hooks.resolver {
             // An async plan lookup: the rest runs in a boxed future of its own.
             let resolving = resolve(&parts, &client);
             let layer = layer.clone();
@@ -1359,21 +1502,21 @@ where
                 let found = layer.plan_named(&parts, client, name);
                 let passed = match layer.charge_any(&parts, found, cost).await {
                     Ok(p) => p,
-                    Err(resp) => return Ok(resp.map(Either::Right)),
+                    Err(resp) => return Ok(resp.map(RateLimitBody::new)),
                 };
                 forward_after(layer, inner, Request::from_parts(parts, body), passed).await
             });
         }
         let found = layer.plan_from_table(&parts, client);
         #[cfg(feature = "redis")]
-        if layer.core.exact {
+        if layer.shared.core.exact {
             // Exact mode: the charge is a Redis call, awaited in a boxed future of its own.
             let layer = layer.clone();
             let inner = taken(inner);
             return ResponseFuture::boxed(async move {
                 let passed = match layer.charge_exact(&parts, found, cost).await {
                     Ok(p) => p,
-                    Err(resp) => return Ok(resp.map(Either::Right)),
+                    Err(resp) => return Ok(resp.map(RateLimitBody::new)),
                 };
                 forward_after(layer, inner, Request::from_parts(parts, body), passed).await
             });
@@ -1388,10 +1531,18 @@ where
             let layer = layer.clone();
             return ResponseFuture::boxed(forward_after(layer, taken(inner), req, passed));
         }
-        // Nothing to add to the response (no headers, no refund): nothing rides along.
-        let after = layer
-            .finishes(&passed)
-            .then(|| Box::new((layer.clone(), passed)));
+        // What rides along to the response: nothing (no headers, no refund), the headers made
+        // now, or with a refund hook the charges and the layer (the refund decides the headers).
+        let after = if layer.shared.hooks.refund.is_some() {
+            After::Finish(Box::new((layer.clone(), passed)))
+        } else {
+            let made = layer.headers_for(&passed.checks);
+            if made.is_empty() {
+                After::Nothing
+            } else {
+                After::Made(made)
+            }
+        };
         ResponseFuture::forward(inner.call(req), after)
     }
 }
@@ -1402,9 +1553,11 @@ async fn forward_after<S, C, ReqBody, ResBody>(
     mut inner: S,
     req: Request<ReqBody>,
     mut passed: Passed,
-) -> Result<Response<RateLimitBody<ResBody>>, S::Error>
+) -> Result<Response<RateLimitBody>, S::Error>
 where
     S: tower::Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     C: Clock,
 {
     if passed.delay > 0 {
@@ -1412,39 +1565,49 @@ where
     }
     let mut resp = inner.call(req).await?;
     layer.finish(&mut resp, &mut passed);
-    Ok(resp.map(Either::Left))
+    Ok(resp.map(RateLimitBody::new))
 }
 
 pin_project_lite::pin_project! {
     /// The response future of [`RateLimit`]: the inner service's future with the headers added
     /// when it completes (no allocation of its own), the layer's own answer, or, with an async
     /// plan resolver or a queued request, a boxed future.
-    pub struct ResponseFuture<F, B, E, C: Clock> {
+    pub struct ResponseFuture<F, E, C: Clock> {
         #[pin]
-        state: State<F, B, E, C>,
+        state: State<F, E, C>,
     }
 }
 
-type BoxedResponse<B, E> =
-    Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
+/// What a forwarded request adds to its response once the inner service answered.
+enum After<C: Clock> {
+    /// Nothing (no headers, no refund hook; an exempt request).
+    Nothing,
+    /// The headers, made when the request was charged.
+    Made(Made),
+    /// With a refund hook: the charges and the layer, to refund and then make the headers.
+    Finish(Box<(RateLimitLayer<C>, Passed)>),
+}
+
+type BoxedResponse<E> = Pin<Box<dyn Future<Output = Result<Response<RateLimitBody>, E>> + Send>>;
 
 pin_project_lite::pin_project! {
     #[project = Projected]
-    enum State<F, B, E, C: Clock> {
+    enum State<F, E, C: Clock> {
         // Forwarded; `after` finishes the response (none for an exempt request).
         Forward {
             #[pin]
             inner: F,
-            after: Option<Box<(RateLimitLayer<C>, Passed)>>,
+            after: After<C>,
         },
         // The layer answers itself (a 429, a 400, a gRPC status).
         Answer { response: Option<Response<Full<Bytes>>> },
         // An async resolver or a queue delay.
-        Boxed { future: BoxedResponse<B, E> },
+        Boxed { future: BoxedResponse<E> },
     }
 }
 
-impl<F, B, E, C: Clock> ResponseFuture<F, B, E, C> {
+impl<F, E, C: Clock> ResponseFuture<F, E, C> {
+    #[inline(always)]
     fn answer(response: Response<Full<Bytes>>) -> Self {
         ResponseFuture {
             state: State::Answer {
@@ -1452,13 +1615,14 @@ impl<F, B, E, C: Clock> ResponseFuture<F, B, E, C> {
             },
         }
     }
-    fn forward(inner: F, after: Option<Box<(RateLimitLayer<C>, Passed)>>) -> Self {
+    #[inline(always)]
+    fn forward(inner: F, after: After<C>) -> Self {
         ResponseFuture {
             state: State::Forward { inner, after },
         }
     }
     fn boxed(
-        future: impl Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send + 'static,
+        future: impl Future<Output = Result<Response<RateLimitBody>, E>> + Send + 'static,
     ) -> Self {
         ResponseFuture {
             state: State::Boxed {
@@ -1468,33 +1632,39 @@ impl<F, B, E, C: Clock> ResponseFuture<F, B, E, C> {
     }
 }
 
-impl<F, B, E, C> Future for ResponseFuture<F, B, E, C>
+impl<F, B, E, C> Future for ResponseFuture<F, E, C>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     C: Clock,
 {
-    type Output = Result<Response<RateLimitBody<B>>, E>;
+    type Output = Result<Response<RateLimitBody>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             Projected::Forward { inner, after } => {
                 let mut resp = std::task::ready!(inner.poll(cx))?;
-                if let Some(after) = after.take() {
-                    let (layer, mut passed) = *after;
-                    layer.finish(&mut resp, &mut passed);
+                match std::mem::replace(after, After::Nothing) {
+                    After::Nothing => {}
+                    After::Made(made) => made.write(resp.headers_mut()),
+                    After::Finish(f) => {
+                        let (layer, mut passed) = *f;
+                        layer.finish(&mut resp, &mut passed);
+                    }
                 }
-                Poll::Ready(Ok(resp.map(Either::Left)))
+                Poll::Ready(Ok(resp.map(RateLimitBody::new)))
             }
             Projected::Answer { response } => Poll::Ready(Ok(response
                 .take()
                 .expect("a ResponseFuture polled after it completed")
-                .map(Either::Right))),
+                .map(RateLimitBody::new))),
             Projected::Boxed { future } => future.as_mut().poll(cx),
         }
     }
 }
 
-impl<F, B, E, C: Clock> std::fmt::Debug for ResponseFuture<F, B, E, C> {
+impl<F, E, C: Clock> std::fmt::Debug for ResponseFuture<F, E, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match &self.state {
             State::Forward { .. } => "ResponseFuture::Forward",
@@ -1507,13 +1677,13 @@ impl<F, B, E, C: Clock> std::fmt::Debug for ResponseFuture<F, B, E, C> {
 impl<C: Clock + std::fmt::Debug> std::fmt::Debug for RateLimitLayer<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("limiter", &self.core.limiter)
-            .field("plan_resolver", &self.hooks.resolver.is_some())
-            .field("user_fn", &self.hooks.user.is_some())
-            .field("key_extractor", &self.hooks.key.is_some())
-            .field("on_denied", &self.hooks.denied.is_some())
-            .field("cost_fn", &self.hooks.cost.is_some())
-            .field("refund_when", &self.hooks.refund.is_some())
+            .field("limiter", &self.shared.core.limiter)
+            .field("plan_resolver", &self.shared.hooks.resolver.is_some())
+            .field("user_fn", &self.shared.hooks.user.is_some())
+            .field("key_extractor", &self.shared.hooks.key.is_some())
+            .field("on_denied", &self.shared.hooks.denied.is_some())
+            .field("cost_fn", &self.shared.hooks.cost.is_some())
+            .field("refund_when", &self.shared.hooks.refund.is_some())
             .finish_non_exhaustive()
     }
 }

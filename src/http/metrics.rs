@@ -3,122 +3,128 @@
 use metrics::{Label, counter, describe_counter, describe_gauge, gauge};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
-use crate::sync::{AtomicU64, Ordering};
+use crate::stats::Striped;
 
-/// Counters the layer bumps per request. Relaxed everywhere: statistics, each add one RMW so
-/// none is lost, read as an approximate snapshot (no other memory depends on them).
-#[derive(Default)]
-pub(crate) struct HttpCounters {
-    requests: AtomicU64,
-    limited: AtomicU64,
-    soft_passed: AtomicU64,
-    queued: AtomicU64,
-    queued_wait_ns: AtomicU64,
-    bad_key: AtomicU64,
-    rejected_bad_key: AtomicU64,
-    unknown_plan: AtomicU64,
-    internal_errors: AtomicU64,
-    exempt: AtomicU64,
-    refunded: AtomicU64,
+/// Counters the layer bumps per request, striped as the limiter's plan counts are (each thread
+/// adds to its own stripe without a locked instruction; a read sums the stripes).
+pub(crate) struct HttpCounters(Striped<{ Counter::COUNT }>);
+
+/// The layer's counters, by index in a stripe.
+#[derive(Clone, Copy)]
+enum Counter {
+    Requests,
+    Limited,
+    SoftPassed,
+    Queued,
+    QueuedWaitNs,
+    BadKey,
+    RejectedBadKey,
+    UnknownPlan,
+    InternalErrors,
+    Exempt,
+    Refunded,
+}
+
+impl Counter {
+    const COUNT: usize = Counter::Refunded as usize + 1;
+}
+
+impl Default for HttpCounters {
+    fn default() -> Self {
+        HttpCounters(Striped::new())
+    }
 }
 
 impl HttpCounters {
+    #[inline(always)]
+    fn add(&self, c: Counter, n: u64) {
+        self.0.add(c as usize, n);
+    }
     pub(crate) fn request(&self) {
-        // Relaxed: a statistic (see the type's doc).
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.add(Counter::Requests, 1);
     }
     pub(crate) fn limited(&self) {
-        // Relaxed: a statistic.
-        self.limited.fetch_add(1, Ordering::Relaxed);
+        self.add(Counter::Limited, 1);
     }
     pub(crate) fn soft_passed(&self) {
-        // Relaxed: a statistic.
-        self.soft_passed.fetch_add(1, Ordering::Relaxed);
+        self.add(Counter::SoftPassed, 1);
     }
     pub(crate) fn queued(&self, wait_ns: u64) {
-        // Relaxed: statistics; the two adds need not be seen together.
-        self.queued.fetch_add(1, Ordering::Relaxed);
-        self.queued_wait_ns.fetch_add(wait_ns, Ordering::Relaxed);
+        self.add(Counter::Queued, 1);
+        self.add(Counter::QueuedWaitNs, wait_ns);
     }
     pub(crate) fn bad_key(&self) {
-        // Relaxed: a statistic.
-        self.bad_key.fetch_add(1, Ordering::Relaxed);
+        self.add(Counter::BadKey, 1);
     }
     pub(crate) fn rejected_bad_key(&self) {
-        // Relaxed: a statistic.
-        self.rejected_bad_key.fetch_add(1, Ordering::Relaxed);
+        self.add(Counter::RejectedBadKey, 1);
     }
     pub(crate) fn unknown_plan(&self) {
-        // Relaxed: a statistic.
-        self.unknown_plan.fetch_add(1, Ordering::Relaxed);
+        self.add(Counter::UnknownPlan, 1);
     }
     pub(crate) fn exempt(&self) {
-        // Relaxed: a statistic.
-        self.exempt.fetch_add(1, Ordering::Relaxed);
+        self.add(Counter::Exempt, 1);
     }
     pub(crate) fn refunded(&self) {
-        // Relaxed: a statistic.
-        self.refunded.fetch_add(1, Ordering::Relaxed);
+        self.add(Counter::Refunded, 1);
     }
     pub(crate) fn internal_error(&self) {
-        // Relaxed: a statistic.
-        self.internal_errors.fetch_add(1, Ordering::Relaxed);
+        self.add(Counter::InternalErrors, 1);
     }
 
     /// Publishes the layer's counters through the `metrics` facade, with labels `base`.
     pub(crate) fn publish(&self, base: &[Label]) {
-        // Relaxed loads: an approximate snapshot, as a scrape is.
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let get = |c: Counter| self.0.sum(c as usize);
         for (metric, help, v) in [
             (
                 "tollgate_http_requests_total",
                 "Requests seen by the layer.",
-                get(&self.requests),
+                get(Counter::Requests),
             ),
             (
                 "tollgate_http_limited_total",
                 "Requests answered 429.",
-                get(&self.limited),
+                get(Counter::Limited),
             ),
             (
                 "tollgate_http_soft_passed_total",
                 "Requests over a soft limit, passed with a warning.",
-                get(&self.soft_passed),
+                get(Counter::SoftPassed),
             ),
             (
                 "tollgate_http_queued_total",
                 "Requests held by the queue strategy before passing.",
-                get(&self.queued),
+                get(Counter::Queued),
             ),
             (
                 "tollgate_http_bad_key_total",
                 "Requests whose client key could not be taken (fallback applied).",
-                get(&self.bad_key),
+                get(Counter::BadKey),
             ),
             (
                 "tollgate_http_rejected_bad_key_total",
                 "Requests rejected for a bad key (400, or a custom extractor's rejection).",
-                get(&self.rejected_bad_key),
+                get(Counter::RejectedBadKey),
             ),
             (
                 "tollgate_http_unknown_plan_total",
                 "Resolver answers naming an unknown plan (default plan used).",
-                get(&self.unknown_plan),
+                get(Counter::UnknownPlan),
             ),
             (
                 "tollgate_http_internal_errors_total",
                 "Requests answered 500 because the limiter refused the configuration.",
-                get(&self.internal_errors),
+                get(Counter::InternalErrors),
             ),
             (
                 "tollgate_http_exempt_total",
                 "Requests from exempt keys or networks, passed uncharged.",
-                get(&self.exempt),
+                get(Counter::Exempt),
             ),
             (
                 "tollgate_http_refunded_total",
                 "Requests whose charge was refunded after the response (refund_when).",
-                get(&self.refunded),
+                get(Counter::Refunded),
             ),
         ] {
             describe_counter!(metric, help);
@@ -130,7 +136,7 @@ impl HttpCounters {
             "Total time requests were held by the queue strategy."
         );
         gauge!("tollgate_http_queued_seconds_total", base.to_vec())
-            .set(get(&self.queued_wait_ns) as f64 / 1e9);
+            .set(get(Counter::QueuedWaitNs) as f64 / 1e9);
     }
 }
 
