@@ -833,3 +833,99 @@ async fn forwarded_header_when_configured_and_only_that_one() {
     assert!(!layer.limiter().peek(&key("198.51.100.9")).is_allowed());
     assert_eq!(layer.limiter().peek(&key("127.0.0.1")).remaining(), 1);
 }
+
+/// The plain path (a layer keyed by address alone decides from the request's head as it is)
+/// answers every request exactly as the general path: the same layer with a cost hook (which
+/// takes the general path) on a twin clock gets the same statuses, bodies, rate-limit headers
+/// and counters, for passes, 429s, soft passes, queued passes, API-key plans, forwarded
+/// clients and a malformed forwarding header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_path_answers_as_the_general_path() {
+    const CONFIG: &str = r#"
+[plans.free]
+limit = 3
+window = "1m"
+burst = 2
+[plans.pro]
+strategy = "soft"
+limits = [ { limit = 2, window = "1s" }, { limit = 100, window = "1h", burst = 4 } ]
+[plans.batch]
+limit = 20
+window = "1s"
+burst = 1
+strategy = "queue"
+max_delay = "2s"
+[http]
+key = "ip"
+trusted_proxies = ["127.0.0.1"]
+on_bad_key = "peer"
+headers = "both"
+api_keys = { "k-pro" = "pro", "k-batch" = "batch" }
+"#;
+    let (plain_clock, general_clock) = (FakeClock::new(), FakeClock::new());
+    let plain = layer(CONFIG, &plain_clock);
+    let general = layer(CONFIG, &general_clock).cost(|_| 1);
+    let (plain_addr, general_addr) = (
+        serve(app(plain.clone())).await,
+        serve(app(general.clone())).await,
+    );
+    let (direct, proxy) = (client_from("127.0.0.2"), client_from("127.0.0.1"));
+    let requests: [(&_, &[(&str, &str)]); 7] = [
+        (&direct, &[]),
+        (&proxy, &[("x-forwarded-for", "203.0.113.7")]),
+        (&direct, &[("x-api-key", "k-pro")]),
+        (
+            &proxy,
+            &[("x-forwarded-for", "203.0.113.8"), ("x-api-key", "k-batch")],
+        ),
+        (&direct, &[("x-api-key", "unknown")]),
+        (&proxy, &[("x-forwarded-for", "not an address")]),
+        (&proxy, &[]),
+    ];
+    let shown = [
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "ratelimit",
+        "ratelimit-policy",
+        "retry-after",
+        "warning",
+        "content-type",
+    ];
+    let (mut denied, mut soft) = (0, 0);
+    for round in 0..6 {
+        for (i, (client, headers)) in requests.iter().enumerate() {
+            for _ in 0..2 {
+                let a = get_req(client, plain_addr, "/", headers).await;
+                let b = get_req(client, general_addr, "/", headers).await;
+                let at = format!("round {round}, request {i}");
+                assert_eq!(a.status, b.status, "{at}");
+                assert_eq!(a.body, b.body, "{at}");
+                for name in shown {
+                    assert_eq!(a.header(name), b.header(name), "{at}: {name}");
+                }
+                denied += usize::from(a.status == StatusCode::TOO_MANY_REQUESTS);
+                soft += usize::from(a.header("warning").is_some());
+            }
+        }
+        plain_clock.advance(Duration::from_millis(700));
+        general_clock.advance(Duration::from_millis(700));
+    }
+    // Every kind of answer came up, and both layers counted the same (the samples of their
+    // `/metrics`, in any order).
+    let samples = |l: &RateLimitLayer<FakeClock>| {
+        let text = l.metrics();
+        let mut lines: Vec<String> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(str::to_string)
+            .collect();
+        lines.sort();
+        lines
+    };
+    let counted = samples(&plain);
+    assert!(denied > 0 && soft > 0, "{denied} {soft}");
+    assert!(counted.contains(&"tollgate_http_queued_total 6".to_string()));
+    assert!(counted.contains(&"tollgate_http_bad_key_total 12".to_string()));
+    assert_eq!(counted, samples(&general));
+}

@@ -37,13 +37,29 @@ use crate::sweep::Sweeper;
 /// let global = HttpKey { rule: Some(0), client: ClientKey::Unidentified };
 /// assert_ne!(own, global);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpKey {
     /// `None`: the client's own plan; `Some(i)`: the i-th [`Rule`](crate::http::Rule).
     pub rule: Option<u16>,
     /// Whose bucket: the client, or [`ClientKey::Unidentified`] for a shared rule (one bucket
     /// for everyone).
     pub client: ClientKey,
+}
+
+/// One write for the common key, a client's own plan or rule by its IPv4 address (the rule in
+/// bits 32-48, the address below); any other key writes a word with bit 63 set (which no such
+/// word has) and then the client, so no two keys write the same stream.
+impl std::hash::Hash for HttpKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let rule = self.rule.map_or(1 << 16, u64::from);
+        match &self.client {
+            ClientKey::Ip(IpAddr::V4(v4)) => state.write_u64(rule << 32 | u64::from(v4.to_bits())),
+            client => {
+                state.write_u64(1 << 63 | rule);
+                client.hash(state);
+            }
+        }
+    }
 }
 
 /// How Redis names the key (synced mode): the client for its own plan, `r<i>:` and the client
@@ -217,14 +233,35 @@ pub struct RateLimitLayer<C: Clock = MonotonicClock> {
 struct Shared<C: Clock> {
     core: Arc<Core<C>>,
     hooks: Hooks,
+    /// Requests can take the plain path ([`RateLimitLayer::plain_key`]).
+    plain: bool,
+}
+
+impl<C: Clock> Shared<C> {
+    fn new(core: Arc<Core<C>>, hooks: Hooks) -> Self {
+        // Nothing but the address keys a request, and nothing reads its head: no hook that takes
+        // the head (a custom denial and a refund come after the charge), no exempt network, no
+        // rule, no Redis call.
+        let c = &core.config;
+        #[cfg(feature = "redis")]
+        let local = !core.exact;
+        #[cfg(not(feature = "redis"))]
+        let local = true;
+        let plain = local
+            && c.key == [KeySource::Ip]
+            && c.exempt.is_empty()
+            && core.rules.is_empty()
+            && hooks.resolver.is_none()
+            && hooks.key.is_none()
+            && hooks.user.is_none()
+            && hooks.cost.is_none();
+        Shared { core, hooks, plain }
+    }
 }
 
 impl<C: Clock> Clone for Shared<C> {
     fn clone(&self) -> Self {
-        Shared {
-            core: Arc::clone(&self.core),
-            hooks: self.hooks.clone(),
-        }
+        Shared::new(Arc::clone(&self.core), self.hooks.clone())
     }
 }
 
@@ -337,8 +374,8 @@ impl<C: Clock> RateLimitLayer<C> {
             .sweep_interval
             .map(|every| limiter.start_sweeper(every));
         Ok(RateLimitLayer {
-            shared: Arc::new(Shared {
-                core: Arc::new(Core {
+            shared: Arc::new(Shared::new(
+                Arc::new(Core {
                     limiter,
                     config,
                     plans,
@@ -352,8 +389,8 @@ impl<C: Clock> RateLimitLayer<C> {
                     exact,
                     _sweeper: sweeper,
                 }),
-                hooks: Hooks::default(),
-            }),
+                Hooks::default(),
+            )),
         })
     }
 
@@ -381,7 +418,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&http::request::Parts, &ClientKey) -> PlanFuture + Send + Sync + 'static,
     {
-        Arc::make_mut(&mut self.shared).hooks.resolver = Some(Arc::new(resolve));
+        self.set_hook(|h| h.resolver = Some(Arc::new(resolve)));
         self
     }
 
@@ -391,7 +428,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
     {
-        Arc::make_mut(&mut self.shared).hooks.user = Some(Arc::new(extract));
+        self.set_hook(|h| h.user = Some(Arc::new(extract)));
         self
     }
 
@@ -425,7 +462,7 @@ impl<C: Clock> RateLimitLayer<C> {
             + Sync
             + 'static,
     {
-        Arc::make_mut(&mut self.shared).hooks.key = Some(Arc::new(extract));
+        self.set_hook(|h| h.key = Some(Arc::new(extract)));
         self
     }
 
@@ -452,7 +489,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&Denied<'_>) -> Response<Full<Bytes>> + Send + Sync + 'static,
     {
-        Arc::make_mut(&mut self.shared).hooks.denied = Some(Arc::new(respond));
+        self.set_hook(|h| h.denied = Some(Arc::new(respond)));
         self
     }
 
@@ -476,7 +513,7 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(&http::request::Parts) -> u64 + Send + Sync + 'static,
     {
-        Arc::make_mut(&mut self.shared).hooks.cost = Some(Arc::new(cost));
+        self.set_hook(|h| h.cost = Some(Arc::new(cost)));
         self
     }
 
@@ -496,8 +533,15 @@ impl<C: Clock> RateLimitLayer<C> {
     where
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,
     {
-        Arc::make_mut(&mut self.shared).hooks.refund = Some(Arc::new(refund));
+        self.set_hook(|h| h.refund = Some(Arc::new(refund)));
         self
+    }
+
+    /// Sets a hook on this layer (its clones made before keep theirs).
+    fn set_hook(&mut self, set: impl FnOnce(&mut Hooks)) {
+        let shared = Arc::make_mut(&mut self.shared);
+        set(&mut shared.hooks);
+        *shared = Shared::new(Arc::clone(&shared.core), std::mem::take(&mut shared.hooks));
     }
 
     /// The limiter behind the layer (for stats, `block`, `reset`, or checks of your own).
@@ -561,16 +605,18 @@ impl<C: Clock> RateLimitLayer<C> {
     ) -> Result<ClientKey, KeyError> {
         let core = &self.shared.core;
         match source {
-            KeySource::Ip => peer_ip(parts).ok_or(KeyError::NoPeer).and_then(|peer| {
-                client_ip_from_headers(
-                    peer,
-                    &parts.headers,
-                    core.config.forwarded,
-                    &core.config.trusted,
-                    core.config.v6_prefix,
-                )
-                .map(ClientKey::Ip)
-            }),
+            KeySource::Ip => peer_ip(&parts.extensions)
+                .ok_or(KeyError::NoPeer)
+                .and_then(|peer| {
+                    client_ip_from_headers(
+                        peer,
+                        &parts.headers,
+                        core.config.forwarded,
+                        &core.config.trusted,
+                        core.config.v6_prefix,
+                    )
+                    .map(ClientKey::Ip)
+                }),
             KeySource::ApiKey => api_key_from_headers(&parts.headers, core.api_key_header.as_str())
                 .map(|k| ClientKey::ApiKey(k.into())),
             KeySource::User => match self.shared.hooks.user.as_ref().and_then(|f| f(parts)) {
@@ -609,7 +655,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// proxies; the peer itself when a trusted proxy's header is malformed.
     fn client_address(&self, parts: &http::request::Parts) -> ClientKey {
         let c = &self.shared.core.config;
-        peer_ip(parts).map_or(ClientKey::Unidentified, |peer| {
+        peer_ip(&parts.extensions).map_or(ClientKey::Unidentified, |peer| {
             let ip =
                 client_ip_from_headers(peer, &parts.headers, c.forwarded, &c.trusted, c.v6_prefix)
                     .unwrap_or_else(|_| client_ip_key(peer, c.v6_prefix));
@@ -625,7 +671,7 @@ impl<C: Clock> RateLimitLayer<C> {
             return true;
         }
         !c.exempt.is_empty()
-            && peer_ip(parts).is_some_and(|peer| {
+            && peer_ip(&parts.extensions).is_some_and(|peer| {
                 let ip =
                     walk_headers(peer, &parts.headers, c.forwarded, &c.trusted).unwrap_or(peer);
                 c.exempt.contains(ip)
@@ -739,8 +785,7 @@ impl<C: Clock> RateLimitLayer<C> {
         self.answer(parts, self.decide(parts, client, plan, cost), cost)
     }
 
-    /// [`charge`](Self::charge) of the only limit, the client's plan (no rules): a plain pass
-    /// goes straight to the forwarded request; the rest through [`answer`](Self::answer).
+    /// [`charge`](Self::charge) of the only limit, the client's plan (no rules).
     #[allow(clippy::result_large_err)] // as `front`
     fn charge_own(
         &self,
@@ -750,51 +795,127 @@ impl<C: Clock> RateLimitLayer<C> {
         cost: u64,
     ) -> Result<Passed, Response<Full<Bytes>>> {
         let key = HttpKey { rule: None, client };
-        let verdict = match self
-            .shared
+        let passed = |check: Option<Check>| Passed {
+            checks: check.map_or(Checks::None, Checks::One),
+            cost,
+            delay: 0,
+        };
+        match self.charge_one(key, plan, cost, passed) {
+            Ok(passed) => Ok(passed),
+            Err(verdict) => self.answer(parts, verdict, cost),
+        }
+    }
+
+    /// Charges `key`'s plan, the request's only limit: a plain pass (admitted now, not by a soft
+    /// limit) as `carry` makes it of its charge (`None` when neither headers nor a refund need
+    /// the charge after the response), anything else as the verdict to answer. The charge's
+    /// record is read where the limiter wrote it and moved only when it is kept.
+    #[inline(always)]
+    #[allow(clippy::result_large_err)] // inlined: nothing is returned through memory
+    fn charge_one<T>(
+        &self,
+        key: HttpKey,
+        plan: PlanId,
+        cost: u64,
+        carry: impl FnOnce(Option<Check>) -> T,
+    ) -> Result<T, Verdict> {
+        let shared = &*self.shared;
+        let charged = shared
             .core
             .limiter
-            .charge_detailed(&key, plan, cost, Mode::Check)
-        {
-            Ok(detailed) => {
-                let d = detailed.decision;
-                if d.is_allowed() && d.reason() != Reason::SoftLimit && d.delay_ns() == 0 {
-                    // Only headers or a refund need the charge after the response.
-                    let carried = self.shared.core.config.headers != HeaderStyle::None
-                        || self.shared.hooks.refund.is_some();
-                    return Ok(Passed {
-                        checks: if carried {
-                            Checks::One(Check {
-                                key,
-                                plan,
-                                detailed,
-                            })
-                        } else {
-                            Checks::None
-                        },
-                        cost,
-                        delay: 0,
-                    });
-                }
-                let checks = Checks::One(Check {
-                    key,
-                    plan,
-                    detailed,
-                });
-                if d.is_allowed() {
-                    Verdict::Pass { checks }
-                } else {
-                    let client = checks[0].key.client.clone();
-                    Verdict::Deny {
-                        checks,
-                        at: 0,
-                        client,
-                    }
-                }
-            }
-            Err(e) => Verdict::Error(e),
+            .charge_detailed(&key, plan, cost, Mode::Check);
+        let detailed = match charged {
+            Ok(detailed) => detailed,
+            Err(e) => return Err(Verdict::Error(e)),
         };
-        self.answer(parts, verdict, cost)
+        let d = &detailed.decision;
+        let allowed = d.is_allowed();
+        if allowed && d.reason() != Reason::SoftLimit && d.delay_ns() == 0 {
+            if shared.core.config.headers == HeaderStyle::None && shared.hooks.refund.is_none() {
+                return Ok(carry(None));
+            }
+            return Ok(carry(Some(Check {
+                key,
+                plan,
+                detailed,
+            })));
+        }
+        let client = (!allowed).then(|| key.client.clone());
+        let checks = Checks::One(Check {
+            key,
+            plan,
+            detailed,
+        });
+        Err(match client {
+            None => Verdict::Pass { checks },
+            Some(client) => Verdict::Deny {
+                checks,
+                at: 0,
+                client,
+            },
+        })
+    }
+
+    /// What a passed request's response needs, riding along its future: nothing (no headers,
+    /// no refund), the headers made now, or with a refund hook the charges and the layer (the
+    /// refund decides the headers).
+    #[inline(always)]
+    fn after(&self, checks: Checks, cost: u64) -> After<C> {
+        if checks.is_empty() {
+            After::Nothing
+        } else if self.shared.hooks.refund.is_some() {
+            After::Finish(Box::new((
+                self.clone(),
+                Passed {
+                    checks,
+                    cost,
+                    delay: 0,
+                },
+            )))
+        } else {
+            let made = self.headers_for(&checks);
+            if made.is_empty() {
+                After::Nothing
+            } else {
+                After::Made(made)
+            }
+        }
+    }
+
+    /// The key and plan of a request that the plain path decides, read from its head as it is
+    /// (no `Parts` to split off and put back): when the layer keys by address alone and
+    /// nothing else reads the head (no hooks but a refund, no exemptions, no rules, in
+    /// process) and the address is there. `None`: the general path decides (it does the same
+    /// for these requests, and answers the rest).
+    #[inline]
+    fn plain_key(
+        &self,
+        headers: &HeaderMap,
+        extensions: &http::Extensions,
+    ) -> Option<(HttpKey, PlanId)> {
+        let shared = &*self.shared;
+        if !shared.plain {
+            return None;
+        }
+        let core = &shared.core;
+        let c = &core.config;
+        let peer = peer_ip(extensions)?;
+        let ip =
+            client_ip_from_headers(peer, headers, c.forwarded, &c.trusted, c.v6_prefix).ok()?;
+        // `plan_from_table` for an address key: the API key header's plan, else the default.
+        let plan = if core.api_key_plans.is_empty() {
+            core.default_plan
+        } else {
+            api_key_from_headers(headers, core.api_key_header.as_str())
+                .ok()
+                .and_then(|k| core.api_key_plans.get(k).copied())
+                .unwrap_or(core.default_plan)
+        };
+        let key = HttpKey {
+            rule: None,
+            client: ClientKey::Ip(ip),
+        };
+        Some((key, plan))
     }
 
     /// What a charge's verdict means for the request: what to forward with, or the layer's
@@ -1389,14 +1510,13 @@ fn insert_num(headers: &mut HeaderMap, name: HeaderName, n: u64) {
 
 /// The peer address from axum's `ConnectInfo<SocketAddr>` or a plain `SocketAddr` extension.
 #[inline]
-fn peer_ip(parts: &http::request::Parts) -> Option<IpAddr> {
-    if let Some(axum::extract::ConnectInfo(addr)) = parts
-        .extensions
-        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+fn peer_ip(extensions: &http::Extensions) -> Option<IpAddr> {
+    if let Some(axum::extract::ConnectInfo(addr)) =
+        extensions.get::<axum::extract::ConnectInfo<SocketAddr>>()
     {
         return Some(addr.ip());
     }
-    parts.extensions.get::<SocketAddr>().map(SocketAddr::ip)
+    extensions.get::<SocketAddr>().map(SocketAddr::ip)
 }
 
 /// The layer's own answer that is not a denial: JSON with `status`, or for a gRPC request the
@@ -1475,18 +1595,39 @@ where
         // The inner service is called here, while it is ready, on every path but the boxed
         // ones; those take the ready service along and leave a clone for the next
         // `poll_ready` (the usual tower pattern).
-        let taken = |inner: &mut S| {
-            let clone = inner.clone();
-            std::mem::replace(inner, clone)
-        };
         let inner = &mut self.inner;
         let layer = &self.layer;
+        if let Some((key, plan)) = layer.plain_key(req.headers(), req.extensions()) {
+            // The common request (see `plain_key`): decided from its head as it is.
+            layer.shared.core.counters.request();
+            let carry =
+                |check: Option<Check>| layer.after(check.map_or(Checks::None, Checks::One), 1);
+            let after = match layer.charge_one(key, plan, 1, carry) {
+                Ok(after) => after,
+                Err(verdict) => {
+                    // Not a plain pass: the answer reads the head's parts.
+                    let (parts, body) = req.into_parts();
+                    match layer.answer(&parts, verdict, 1) {
+                        Ok(passed) => {
+                            return forward_passed(
+                                layer,
+                                inner,
+                                Request::from_parts(parts, body),
+                                passed,
+                            );
+                        }
+                        Err(resp) => return ResponseFuture::answer(resp),
+                    }
+                }
+            };
+            return ResponseFuture::forward(|| inner.call(req), after);
+        }
         let (parts, body) = req.into_parts();
         let (client, cost) = match layer.front(&parts) {
             Err(resp) => return ResponseFuture::answer(resp),
             Ok(Front::Exempt) => {
                 return ResponseFuture::forward(
-                    inner.call(Request::from_parts(parts, body)),
+                    || inner.call(Request::from_parts(parts, body)),
                     After::Nothing,
                 );
             }
@@ -1521,30 +1662,43 @@ where
                 forward_after(layer, inner, Request::from_parts(parts, body), passed).await
             });
         }
-        let passed = match layer.charge(&parts, found, cost) {
-            Ok(p) => p,
-            Err(resp) => return ResponseFuture::answer(resp),
-        };
-        let req = Request::from_parts(parts, body);
-        if passed.delay > 0 {
-            // The queue strategy: held until the reservation's moment.
-            let layer = layer.clone();
-            return ResponseFuture::boxed(forward_after(layer, taken(inner), req, passed));
+        match layer.charge(&parts, found, cost) {
+            Ok(passed) => forward_passed(layer, inner, Request::from_parts(parts, body), passed),
+            Err(resp) => ResponseFuture::answer(resp),
         }
-        // What rides along to the response: nothing (no headers, no refund), the headers made
-        // now, or with a refund hook the charges and the layer (the refund decides the headers).
-        let after = if layer.shared.hooks.refund.is_some() {
-            After::Finish(Box::new((layer.clone(), passed)))
-        } else {
-            let made = layer.headers_for(&passed.checks);
-            if made.is_empty() {
-                After::Nothing
-            } else {
-                After::Made(made)
-            }
-        };
-        ResponseFuture::forward(inner.call(req), after)
     }
+}
+
+/// The ready inner service, taken for a boxed future; a clone stays for the next `poll_ready`.
+fn taken<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
+}
+
+/// Forwards a request that passed: held first for a queue's delay (in a boxed future), with
+/// what its response needs riding along ([`RateLimitLayer::after`]).
+#[inline(always)]
+fn forward_passed<S, C, ReqBody, ResBody>(
+    layer: &RateLimitLayer<C>,
+    inner: &mut S,
+    req: Request<ReqBody>,
+    passed: Passed,
+) -> ResponseFuture<S::Future, S::Error, C>
+where
+    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    C: Clock,
+    ReqBody: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    if passed.delay > 0 {
+        // The queue strategy: held until the reservation's moment.
+        let layer = layer.clone();
+        return ResponseFuture::boxed(forward_after(layer, taken(inner), req, passed));
+    }
+    let after = layer.after(passed.checks, passed.cost);
+    ResponseFuture::forward(|| inner.call(req), after)
 }
 
 /// Holds a passed request for its delay, forwards it, then finishes the response.
@@ -1615,10 +1769,14 @@ impl<F, E, C: Clock> ResponseFuture<F, E, C> {
             },
         }
     }
+    /// The inner service's future, made by `call` straight into its place (no copy of it).
     #[inline(always)]
-    fn forward(inner: F, after: After<C>) -> Self {
+    fn forward(call: impl FnOnce() -> F, after: After<C>) -> Self {
         ResponseFuture {
-            state: State::Forward { inner, after },
+            state: State::Forward {
+                inner: call(),
+                after,
+            },
         }
     }
     fn boxed(

@@ -40,6 +40,7 @@ impl HttpCounters {
     fn add(&self, c: Counter, n: u64) {
         self.0.add(c as usize, n);
     }
+    #[inline]
     pub(crate) fn request(&self) {
         self.add(Counter::Requests, 1);
     }
