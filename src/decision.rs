@@ -98,6 +98,18 @@ impl Decision {
         }
     }
 
+    /// What [`merge`](Self::merge) starts from: merging a part's decision into it gives that
+    /// decision (allowed, `Within`, no remaining or limit smaller, nothing later).
+    pub(crate) const NEUTRAL: Decision = Decision {
+        allowed: true,
+        reason: Reason::Within,
+        limit: u64::MAX,
+        remaining: u64::MAX,
+        reset_after_ns: 0,
+        retry_after_ns: 0,
+        delay_ns: 0,
+    };
+
     /// Folds another part of a compound limit into this one: allowed only if both are, the
     /// smaller `remaining` (and its `limit`), the later reset, the later retry.
     #[inline]

@@ -294,10 +294,13 @@ pub(crate) fn apply_inline_from(
             retries: 0,
         });
     }
-    let step = |s| decide_word(start(s), now, cost, rule, headroom, mode);
-    let (state, written, retries) = swap_loop(slot, word, |s| step(s).next)?;
+    // Both steps inlined (a closure called twice was not, and its decision came back through
+    // memory, read wider than it was written: a store-forwarding stall per charge).
+    let (state, written, retries) = swap_loop(slot, word, |s| {
+        decide_word(start(s), now, cost, rule, headroom, mode).next
+    })?;
     Some(Applied {
-        decision: step(state).decision,
+        decision: decide_word(start(state), now, cost, rule, headroom, mode).decision,
         token: written.map(|s| token_of(rule.kind, s)),
         retries,
     })

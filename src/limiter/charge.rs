@@ -560,14 +560,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         undo: &mut Option<Undo>,
         time: &mut Option<(usize, u64)>,
     ) -> Result<bool, Error> {
-        let (d, retries, counts) = self.charge(cost, undo, time)?;
-        counts.count(Count::of(&d), retries);
-        if first {
-            *merged = d;
-        } else {
-            merged.merge(&d);
-        }
-        Ok(d.allowed)
+        self.charge(cost, merged, first, undo, time)
     }
 
     fn undo_part(&self, mut undo: Undo) {
@@ -603,15 +596,22 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
-    /// One part's charge of a compound limit across keys: its decision, retries and the plan's
-    /// counts, and into `undo` what a refund needs.
+    /// One part's charge of a compound limit across keys: its decision counted in the plan's
+    /// stats and merged into `merged` (its first value when `first`) where it is made, so no
+    /// decision-sized value is copied between frames (a store-forwarding stall per part when it
+    /// was returned); into `undo` what a refund needs. Whether the part admitted.
     #[inline(always)]
     fn charge(
         &self,
         cost: u64,
+        merged: &mut Decision,
+        first: bool,
         undo: &mut Option<Undo>,
         time: &mut Option<(usize, u64)>,
-    ) -> Result<(Decision, u32, &Counts), Error> {
+    ) -> Result<bool, Error> {
+        let settle = |merged: &mut Decision, d: &Decision, retries: u32, counts: &Counts| {
+            settle_part(merged, first, d, retries, counts)
+        };
         let l = self.limiter;
         #[cfg(feature = "redis")]
         if l.exact.is_some() {
@@ -651,7 +651,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
                         tokens,
                     });
                 }
-                return Ok((a.decision, a.retries, &plan.counts));
+                return Ok(settle(merged, &a.decision, a.retries, &plan.counts));
             }
         }
         let charged = match plan.parts.as_slice() {
@@ -689,11 +689,32 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
                         tokens,
                     });
                 }
-                Ok((d, retries, &plan.counts))
+                Ok(settle(merged, &d, retries, &plan.counts))
             }
-            Err(Full) => Ok((l.table_full(plan), 0, &plan.counts)),
+            Err(Full) => Ok(settle(merged, &l.table_full(plan), 0, &plan.counts)),
         }
     }
+}
+
+/// Counts a part's decision `d` in its plan's `counts` and merges it into `merged` (which it
+/// starts when `first`): whether the part admitted. The first decision is merged into the
+/// neutral one, which makes it that decision, read field by field as it was written: a copy of
+/// the whole read it back wider than its stores, a store-forwarding stall per part.
+#[inline(always)]
+fn settle_part(
+    merged: &mut Decision,
+    first: bool,
+    d: &Decision,
+    retries: u32,
+    counts: &Counts,
+) -> bool {
+    counts.count(Count::of(d), retries);
+    debug_assert!(!d.allowed || d.reason == Reason::Within, "{d:?}");
+    if first {
+        *merged = Decision::NEUTRAL;
+    }
+    merged.merge(d);
+    d.allowed
 }
 
 /// Checks `cost` units against every part (per-user AND global, across limiters and key types),
@@ -726,6 +747,22 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
 /// ```
 pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
     let mut merged = Decision::denied(Reason::Limited, 0);
+    if let [first, second] = parts {
+        // The common compound (per-user AND global): `charge_from` unrolled, no recursion.
+        let (mut time, mut undo) = (None, None);
+        if !first.charge_part(cost, &mut merged, true, &mut undo, &mut time)? {
+            second.recount(false, Some(&merged));
+            return Ok(merged);
+        }
+        let admitted = second.charge_part(cost, &mut merged, false, &mut None, &mut time);
+        if !matches!(admitted, Ok(true)) {
+            if let Some(u) = undo {
+                first.undo_part(u);
+            }
+            first.recount(true, admitted.is_ok().then_some(&merged));
+        }
+        return admitted.map(|_| merged);
+    }
     charge_from(parts, cost, &mut merged, true, &mut None)?;
     Ok(merged)
 }
