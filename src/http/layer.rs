@@ -800,40 +800,51 @@ impl<C: Clock> RateLimitLayer<C> {
             cost,
             delay: 0,
         };
-        match self.charge_one(key, plan, cost, passed) {
+        let charged = self
+            .shared
+            .core
+            .limiter
+            .charge_detailed(&key, plan, cost, Mode::Check);
+        match self.settle_one(key, plan, charged, passed) {
             Ok(passed) => Ok(passed),
             Err(verdict) => self.answer(parts, verdict, cost),
         }
     }
 
-    /// Charges `key`'s plan, the request's only limit: a plain pass (admitted now, not by a soft
-    /// limit) as `carry` makes it of its charge (`None` when neither headers nor a refund need
-    /// the charge after the response), anything else as the verdict to answer. The charge's
-    /// record is read where the limiter wrote it and moved only when it is kept.
+    /// What the charge of `key`'s plan, the request's only limit, means: a plain pass (admitted
+    /// now, not by a soft limit) as `carry` makes it of the charge (`None` when neither headers
+    /// nor a refund need it after the response), anything else as the verdict to answer. The
+    /// charge's record is read where the limiter wrote it and moved only when it is kept; the
+    /// caller charges first and moves the key in only then (a key moved just after it was
+    /// built is read back wider than it was written: a store-forwarding stall per request).
     #[inline(always)]
     #[allow(clippy::result_large_err)] // inlined: nothing is returned through memory
-    fn charge_one<T>(
+    fn settle_one<T>(
         &self,
         key: HttpKey,
         plan: PlanId,
-        cost: u64,
+        charged: Result<Detailed, Error>,
         carry: impl FnOnce(Option<Check>) -> T,
     ) -> Result<T, Verdict> {
         let shared = &*self.shared;
-        let charged = shared
-            .core
-            .limiter
-            .charge_detailed(&key, plan, cost, Mode::Check);
+        // Looked at in place: a plain pass that carries nothing reads only its decision.
+        let (allowed, plain) = match &charged {
+            Ok(detailed) => {
+                let d = &detailed.decision;
+                let plain = d.reason() != Reason::SoftLimit && d.delay_ns() == 0;
+                (d.is_allowed(), d.is_allowed() && plain)
+            }
+            Err(_) => (false, false),
+        };
+        if plain && shared.core.config.headers == HeaderStyle::None && shared.hooks.refund.is_none()
+        {
+            return Ok(carry(None));
+        }
         let detailed = match charged {
             Ok(detailed) => detailed,
             Err(e) => return Err(Verdict::Error(e)),
         };
-        let d = &detailed.decision;
-        let allowed = d.is_allowed();
-        if allowed && d.reason() != Reason::SoftLimit && d.delay_ns() == 0 {
-            if shared.core.config.headers == HeaderStyle::None && shared.hooks.refund.is_none() {
-                return Ok(carry(None));
-            }
+        if plain {
             return Ok(carry(Some(Check {
                 key,
                 plan,
@@ -877,7 +888,7 @@ impl<C: Clock> RateLimitLayer<C> {
             if made.is_empty() {
                 After::Nothing
             } else {
-                After::Made(made)
+                After::Made(Box::new(made))
             }
         }
     }
@@ -887,7 +898,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// nothing else reads the head (no hooks but a refund, no exemptions, no rules, in
     /// process) and the address is there. `None`: the general path decides (it does the same
     /// for these requests, and answers the rest).
-    #[inline]
+    #[inline(always)]
     fn plain_key(
         &self,
         headers: &HeaderMap,
@@ -1201,10 +1212,10 @@ impl<C: Clock> RateLimitLayer<C> {
                     );
                 }
             }
-            made.ietf = Some(Box::new(Ietf {
+            made.ietf = Some(Ietf {
                 policy,
                 state: HeaderValue::from_str(&state).ok(),
-            }));
+            });
         }
         made
     }
@@ -1393,12 +1404,10 @@ enum Front {
 /// soft limit passed it (`Warning`). Made when the request is charged, so a passed request
 /// without a refund hook carries these few values to its response instead of its charges and
 /// the layer.
-/// The IETF pair is boxed (it is formatted into new strings anyway): what rides along the
-/// response future stays small.
 #[derive(Default)]
 struct Made {
     github: Option<[u64; 3]>,
-    ietf: Option<Box<Ietf>>,
+    ietf: Option<Ietf>,
     soft: bool,
 }
 
@@ -1602,7 +1611,12 @@ where
             layer.shared.core.counters.request();
             let carry =
                 |check: Option<Check>| layer.after(check.map_or(Checks::None, Checks::One), 1);
-            let after = match layer.charge_one(key, plan, 1, carry) {
+            let charged = layer
+                .shared
+                .core
+                .limiter
+                .charge_detailed(&key, plan, 1, Mode::Check);
+            let after = match layer.settle_one(key, plan, charged, carry) {
                 Ok(after) => after,
                 Err(verdict) => {
                     // Not a plain pass: the answer reads the head's parts.
@@ -1736,8 +1750,9 @@ pin_project_lite::pin_project! {
 enum After<C: Clock> {
     /// Nothing (no headers, no refund hook; an exempt request).
     Nothing,
-    /// The headers, made when the request was charged.
-    Made(Made),
+    /// The headers, made when the request was charged (boxed: the response future of every
+    /// request, headers or not, stays one word larger than the inner one's, not five).
+    Made(Box<Made>),
     /// With a refund hook: the charges and the layer, to refund and then make the headers.
     Finish(Box<(RateLimitLayer<C>, Passed)>),
 }
