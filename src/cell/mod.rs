@@ -294,6 +294,18 @@ pub(crate) fn apply_inline_from(
             retries: 0,
         });
     }
+    if let (Kind::Gcra, Mode::Check) = (rule.kind, mode) {
+        // The default algorithm's check on its own arm, as `apply_inline` has it: a step small
+        // enough to inline in the loop (the generic one below is kept out of line) and to take
+        // twice. Its token is the TAT written (`token_of`).
+        let step = |s| algo::gcra::decide(start(s), now, cost, rule, headroom);
+        let (state, written, retries) = swap_loop(slot, word, |s| step(s).next)?;
+        return Some(Applied {
+            decision: step(state).decision,
+            token: written,
+            retries,
+        });
+    }
     // Both steps inlined (a closure called twice was not, and its decision came back through
     // memory, read wider than it was written: a store-forwarding stall per charge).
     let (state, written, retries) = swap_loop(slot, word, |s| {

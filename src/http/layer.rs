@@ -50,6 +50,7 @@ pub struct HttpKey {
 /// bits 32-48, the address below); any other key writes a word with bit 63 set (which no such
 /// word has) and then the client, so no two keys write the same stream.
 impl std::hash::Hash for HttpKey {
+    #[inline]
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         let rule = self.rule.map_or(1 << 16, u64::from);
         match &self.client {
@@ -911,8 +912,12 @@ impl<C: Clock> RateLimitLayer<C> {
         let core = &shared.core;
         let c = &core.config;
         let peer = peer_ip(extensions)?;
-        let ip =
-            client_ip_from_headers(peer, headers, c.forwarded, &c.trusted, c.v6_prefix).ok()?;
+        let ip = if c.trusted.is_empty() {
+            // No proxy to walk back through (`client_ip_from_headers` without the calls).
+            client_ip_key(peer, c.v6_prefix)
+        } else {
+            client_ip_from_headers(peer, headers, c.forwarded, &c.trusted, c.v6_prefix).ok()?
+        };
         // `plan_from_table` for an address key: the API key header's plan, else the default.
         let plan = if core.api_key_plans.is_empty() {
             core.default_plan
@@ -1609,8 +1614,10 @@ where
         if let Some((key, plan)) = layer.plain_key(req.headers(), req.extensions()) {
             // The common request (see `plain_key`): decided from its head as it is.
             layer.shared.core.counters.request();
-            let carry =
-                |check: Option<Check>| layer.after(check.map_or(Checks::None, Checks::One), 1);
+            let carry = |check: Option<Check>| match check {
+                None => After::Nothing,
+                Some(check) => layer.after(Checks::One(check), 1),
+            };
             let charged = layer
                 .shared
                 .core
@@ -1818,12 +1825,14 @@ where
         match self.project().state.project() {
             Projected::Forward { inner, after } => {
                 let mut resp = std::task::ready!(inner.poll(cx))?;
-                match std::mem::replace(after, After::Nothing) {
-                    After::Nothing => {}
-                    After::Made(made) => made.write(resp.headers_mut()),
-                    After::Finish(f) => {
-                        let (layer, mut passed) = *f;
-                        layer.finish(&mut resp, &mut passed);
+                if !matches!(after, After::Nothing) {
+                    match std::mem::replace(after, After::Nothing) {
+                        After::Nothing => {}
+                        After::Made(made) => made.write(resp.headers_mut()),
+                        After::Finish(f) => {
+                            let (layer, mut passed) = *f;
+                            layer.finish(&mut resp, &mut passed);
+                        }
                     }
                 }
                 Poll::Ready(Ok(resp.map(RateLimitBody::new)))
