@@ -14,6 +14,7 @@ use std::net::{IpAddr, Ipv6Addr};
 /// let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().unwrap();
 /// assert_eq!(client_ip_key(a, 64), client_ip_key(b, 64));
 /// ```
+#[inline]
 pub fn client_ip_key(ip: IpAddr, v6_prefix: u8) -> IpAddr {
     match ip {
         IpAddr::V4(v4) => IpAddr::V4(v4),
