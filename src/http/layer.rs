@@ -1641,14 +1641,14 @@ where
                     }
                 }
             };
-            return ResponseFuture::forward(|| inner.call(req), after);
+            return ResponseFuture::forward(inner.call(req), after);
         }
         let (parts, body) = req.into_parts();
         let (client, cost) = match layer.front(&parts) {
             Err(resp) => return ResponseFuture::answer(resp),
             Ok(Front::Exempt) => {
                 return ResponseFuture::forward(
-                    || inner.call(Request::from_parts(parts, body)),
+                    inner.call(Request::from_parts(parts, body)),
                     After::Nothing,
                 );
             }
@@ -1719,7 +1719,7 @@ where
         return ResponseFuture::boxed(forward_after(layer, taken(inner), req, passed));
     }
     let after = layer.after(passed.checks, passed.cost);
-    ResponseFuture::forward(|| inner.call(req), after)
+    ResponseFuture::forward(inner.call(req), after)
 }
 
 /// Holds a passed request for its delay, forwards it, then finishes the response.
@@ -1791,14 +1791,10 @@ impl<F, E, C: Clock> ResponseFuture<F, E, C> {
             },
         }
     }
-    /// The inner service's future, made by `call` straight into its place (no copy of it).
     #[inline(always)]
-    fn forward(call: impl FnOnce() -> F, after: After<C>) -> Self {
+    fn forward(inner: F, after: After<C>) -> Self {
         ResponseFuture {
-            state: State::Forward {
-                inner: call(),
-                after,
-            },
+            state: State::Forward { inner, after },
         }
     }
     fn boxed(
