@@ -296,8 +296,9 @@ pub(crate) fn apply_inline_from(
     }
     if let (Kind::Gcra, Mode::Check) = (rule.kind, mode) {
         // The default algorithm's check on its own arm, as `apply_inline` has it: a step small
-        // enough to inline in the loop (the generic one below is kept out of line) and to take
-        // twice. Its token is the TAT written (`token_of`).
+        // enough to inline in the loop and to take twice (the generic step below, every
+        // algorithm's, stays an out-of-line call that returns its decision through memory).
+        // Its token is the TAT written (`token_of`).
         let step = |s| algo::gcra::decide(start(s), now, cost, rule, headroom);
         let (state, written, retries) = swap_loop(slot, word, |s| step(s).next)?;
         return Some(Applied {
@@ -306,13 +307,10 @@ pub(crate) fn apply_inline_from(
             retries,
         });
     }
-    // Both steps inlined (a closure called twice was not, and its decision came back through
-    // memory, read wider than it was written: a store-forwarding stall per charge).
-    let (state, written, retries) = swap_loop(slot, word, |s| {
-        decide_word(start(s), now, cost, rule, headroom, mode).next
-    })?;
+    let step = |s| decide_word(start(s), now, cost, rule, headroom, mode);
+    let (state, written, retries) = swap_loop(slot, word, |s| step(s).next)?;
     Some(Applied {
-        decision: decide_word(start(state), now, cost, rule, headroom, mode).decision,
+        decision: step(state).decision,
         token: written.map(|s| token_of(rule.kind, s)),
         retries,
     })
