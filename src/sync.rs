@@ -65,9 +65,9 @@ pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 /// A 16-byte atomic: a (tag, word) pair read and compare-and-swapped as one, so a swap that
 /// expects one key's tag can never land on a slot that another key has taken since (no ABA).
 ///
-/// On x86_64 this is `cmpxchg16b` for the swap and, on CPUs with AVX, one `vmovdqa` for the load
-/// (a plain read: a denial writes nothing) and the store; portable-atomic picks them at run time
-/// and falls back to a lock elsewhere. Under loom it is a mutex around the pair, which loom
+/// On x86_64 this is `cmpxchg16b` for the swap (inline where the CPU has it, see [`cmpxchg16b`])
+/// and, on CPUs with AVX, one `vmovdqa` for the load (a plain read: a denial writes nothing) and
+/// the store; portable-atomic picks them at run time and falls back to a lock elsewhere. Under loom it is a mutex around the pair, which loom
 /// explores like any other synchronisation.
 #[repr(transparent)]
 pub(crate) struct AtomicPair {
@@ -125,6 +125,16 @@ impl AtomicPair {
         success: Ordering,
         failure: Ordering,
     ) -> Result<(), (u64, u64)> {
+        #[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
+        if std::is_x86_feature_detected!("cmpxchg16b") {
+            // A locked instruction orders as SeqCst, stronger than any `success` / `failure`.
+            let _ = (success, failure);
+            // SAFETY: the CPU has `cmpxchg16b` (just detected), so portable-atomic uses it for
+            // every other write to the pair too (and a `vmovdqa` or `cmpxchg16b` to read it,
+            // never a lock): all accesses are single 16-byte atomic instructions; the cell is
+            // 16-aligned and valid for the borrow of `self`.
+            return unsafe { cmpxchg16b(&self.v, current, new) };
+        }
         let (current, new) = (pack(current.0, current.1), pack(new.0, new.1));
         #[cfg(not(tollgate_loom))]
         {
@@ -144,6 +154,49 @@ impl AtomicPair {
                 Err(unpack(*v))
             }
         }
+    }
+}
+
+/// `lock cmpxchg16b` on `v`, inline: portable-atomic's own swap on a CPU that has it, minus the
+/// call through the function pointer it dispatches by (an indirect call per charge, with the
+/// registers spilled around it). `(tag, word)` pairs as [`pack`] lays them out: the tag is the
+/// low half (`rax` / `rbx`), the word the high one (`rdx` / `rcx`).
+///
+/// # Safety
+///
+/// The CPU must have `cmpxchg16b`, and every other access to `v` must be a 16-byte atomic
+/// instruction (as portable-atomic's are on such a CPU).
+#[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
+#[inline(always)]
+unsafe fn cmpxchg16b(
+    v: &portable_atomic::AtomicU128,
+    current: (u64, u64),
+    new: (u64, u64),
+) -> Result<(), (u64, u64)> {
+    let (tag, word, swapped): (u64, u64, u64);
+    // SAFETY: as the caller promises. `rbx` cannot be named as an operand, so the new tag is
+    // swapped into it and the register restored after (as portable-atomic does); every other
+    // register is named, so none of them can be `rbx` when the instruction runs (a pointer
+    // left to the allocator was given `rbx`, which the swap then replaced). The block may read
+    // and write memory, so it is a compiler barrier.
+    unsafe {
+        std::arch::asm!(
+            "xchg {new_tag}, rbx",
+            "lock cmpxchg16b xmmword ptr [rdi]",
+            "sete cl",
+            "mov rbx, {new_tag}",
+            in("rdi") v.as_ptr(),
+            new_tag = inout(reg) new.0 => _,
+            inout("rcx") new.1 => swapped,
+            inout("rax") current.0 => tag,
+            inout("rdx") current.1 => word,
+            options(nostack),
+        );
+    }
+    if swapped as u8 != 0 {
+        Ok(())
+    } else {
+        Err((tag, word))
     }
 }
 

@@ -796,8 +796,8 @@ impl<C: Clock> RateLimitLayer<C> {
         cost: u64,
     ) -> Result<Passed, Response<Full<Bytes>>> {
         let key = HttpKey { rule: None, client };
-        let passed = |check: Option<Check>| Passed {
-            checks: check.map_or(Checks::None, Checks::One),
+        let passed = |checks: Checks| Passed {
+            checks,
             cost,
             delay: 0,
         };
@@ -806,15 +806,18 @@ impl<C: Clock> RateLimitLayer<C> {
             .core
             .limiter
             .charge_detailed(&key, plan, cost, Mode::Check);
-        match self.settle_one(key, plan, charged, passed) {
+        let bare = passed(Checks::None);
+        match self.settle_one(key, plan, charged, bare, |check| passed(Checks::One(check))) {
             Ok(passed) => Ok(passed),
             Err(verdict) => self.answer(parts, verdict, cost),
         }
     }
 
     /// What the charge of `key`'s plan, the request's only limit, means: a plain pass (admitted
-    /// now, not by a soft limit) as `carry` makes it of the charge (`None` when neither headers
-    /// nor a refund need it after the response), anything else as the verdict to answer. The
+    /// now, not by a soft limit) as `bare` when neither headers nor a refund need the charge
+    /// after the response, else as `carry` makes it of the charge; anything else as the verdict
+    /// to answer (`carry` has one call site, so it is inlined: called for both, it was an
+    /// out-of-line call per request that read its argument back from memory). The
     /// charge's record is read where the limiter wrote it and moved only when it is kept; the
     /// caller charges first and moves the key in only then (a key moved just after it was
     /// built is read back wider than it was written: a store-forwarding stall per request).
@@ -825,7 +828,8 @@ impl<C: Clock> RateLimitLayer<C> {
         key: HttpKey,
         plan: PlanId,
         charged: Result<Detailed, Error>,
-        carry: impl FnOnce(Option<Check>) -> T,
+        bare: T,
+        carry: impl FnOnce(Check) -> T,
     ) -> Result<T, Verdict> {
         let shared = &*self.shared;
         // Looked at in place: a plain pass that carries nothing reads only its decision.
@@ -839,18 +843,18 @@ impl<C: Clock> RateLimitLayer<C> {
         };
         if plain && shared.core.config.headers == HeaderStyle::None && shared.hooks.refund.is_none()
         {
-            return Ok(carry(None));
+            return Ok(bare);
         }
         let detailed = match charged {
             Ok(detailed) => detailed,
             Err(e) => return Err(Verdict::Error(e)),
         };
         if plain {
-            return Ok(carry(Some(Check {
+            return Ok(carry(Check {
                 key,
                 plan,
                 detailed,
-            })));
+            }));
         }
         let client = (!allowed).then(|| key.client.clone());
         let checks = Checks::One(Check {
@@ -1614,16 +1618,13 @@ where
         if let Some((key, plan)) = layer.plain_key(req.headers(), req.extensions()) {
             // The common request (see `plain_key`): decided from its head as it is.
             layer.shared.core.counters.request();
-            let carry = |check: Option<Check>| match check {
-                None => After::Nothing,
-                Some(check) => layer.after(Checks::One(check), 1),
-            };
+            let carry = |check: Check| layer.after(Checks::One(check), 1);
             let charged = layer
                 .shared
                 .core
                 .limiter
                 .charge_detailed(&key, plan, 1, Mode::Check);
-            let after = match layer.settle_one(key, plan, charged, carry) {
+            let after = match layer.settle_one(key, plan, charged, After::Nothing, carry) {
                 Ok(after) => after,
                 Err(verdict) => {
                     // Not a plain pass: the answer reads the head's parts.
