@@ -11,6 +11,7 @@ echo "== clippy"; cargo clippy --all-targets --all-features -- -D warnings
 echo "== redis";  bash scripts/ensure-redis.sh   # the redis feature's tests start real servers
 echo "== features"; cargo clippy --quiet --lib -- -D warnings && cargo clippy --quiet --lib --features tokio -- -D warnings   # each alone builds clean
 echo "== tests";  cargo test --all-features
+echo "== no features"; cargo test --quiet --test async_twins   # the async twins without redis
 echo "== loom";   bash scripts/loom.sh
 echo "== flood";  cargo test --release --test flood -- --nocapture --test-threads=1
 echo "== must-fail"; bash scripts/must-fail.sh

@@ -110,6 +110,20 @@ impl Decision {
         delay_ns: 0,
     };
 
+    /// A part's state reported as it holds, for a part charged and then refunded: what a
+    /// decision of cost 0 says of the state (`remaining`, `reset_after` as they are), admitted,
+    /// with no wait.
+    #[inline]
+    pub(crate) fn held(self) -> Decision {
+        Decision {
+            allowed: true,
+            reason: Reason::Within,
+            retry_after_ns: 0,
+            delay_ns: 0,
+            ..self
+        }
+    }
+
     /// Folds another part of a compound limit into this one: allowed only if both are, the
     /// smaller `remaining` (and its `limit`), the later reset, the later retry.
     #[inline]

@@ -344,18 +344,32 @@ async fn server_errors_are_refunded_after_the_response() {
     let layer = layer(FREE, &clock).refund_when(|status| status.is_server_error());
     let addr = serve(app(layer.clone())).await;
     let client = client_from("127.0.0.27");
+    let mut full_at = None;
     for _ in 0..5 {
         let r = get_req(&client, addr, "/fail", &[]).await;
         assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(r.body, "broken");
+        // The refund is counted in every header: nothing left to wait for to be full.
         assert_eq!(r.num("x-ratelimit-remaining"), 2, "the refund is counted");
+        assert_eq!(r.header("ratelimit"), Some("\"free\";r=2;t=0"));
+        assert_eq!(
+            *full_at.get_or_insert(r.num("x-ratelimit-reset")),
+            r.num("x-ratelimit-reset")
+        );
     }
-    for want in [
-        StatusCode::OK,
-        StatusCode::OK,
-        StatusCode::TOO_MANY_REQUESTS,
+    let full_at = full_at.unwrap();
+    for (want, reset) in [
+        (StatusCode::OK, 30),
+        (StatusCode::OK, 60),
+        (StatusCode::TOO_MANY_REQUESTS, 60),
     ] {
-        assert_eq!(get_req(&client, addr, "/", &[]).await.status, want);
+        let r = get_req(&client, addr, "/", &[]).await;
+        assert_eq!(r.status, want);
+        assert_eq!(
+            r.num("x-ratelimit-reset"),
+            full_at + reset,
+            "2 a minute: 30 s a unit"
+        );
     }
     assert!(layer.metrics().contains("tollgate_http_refunded_total 5\n"));
 }

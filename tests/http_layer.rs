@@ -200,11 +200,12 @@ async fn every_part_of_every_limit_is_listed() {
     );
     // global: TAT = 60 s at t = 1 s; the next unit conforms at TAT + T - burst*T = 10 s.
     assert_eq!(r.header("retry-after"), Some("9"));
-    // The refunded pro parts report their remaining without this request (the engine's
-    // convention for compound parts) and the reset as charged.
+    // The refunded pro parts report what they hold without this request (the engine's
+    // convention for compound parts), reset included: pro.1 holds 6 units of 36 s (TAT 216 s
+    // at t = 1 s, full 215 s later; charged, it would have said 251).
     assert_eq!(
         r.header("ratelimit"),
-        Some("\"pro.0\";r=2;t=1, \"pro.1\";r=4;t=251, \"global\";r=0;t=59")
+        Some("\"pro.0\";r=2;t=1, \"pro.1\";r=4;t=215, \"global\";r=0;t=59")
     );
     // The refund really happened: pro.0 still holds 2 units, so a request would leave 1.
     let pro_key = HttpKey {

@@ -267,3 +267,36 @@ fn sync_calls_check_all_and_a_dead_redis_answer_by_the_policy() {
         assert!(d.is_allowed(), "open admits while Redis is down");
     });
 }
+
+/// In exact mode too, a part charged and then given back (the script writes nothing when a
+/// later part denies) reports what it holds without the request: its `reset_after` is the one
+/// unit it holds (12 h of a 2-a-day bucket), not the two a charge would have left.
+#[test]
+fn a_part_given_back_reports_its_reset_without_the_request() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let build = || {
+        Limiter::<String>::builder()
+            .quota(per_day(2))
+            .quota(Quota::per_minute(1).algorithm(tollgate::Algorithm::FixedWindow))
+    };
+    let [l, _] = pair(&server.url(), "x9:", build);
+    rt.block_on(async {
+        // A minute window may roll over between two calls: try again on another key then.
+        for attempt in 0..3 {
+            let key = format!("k{attempt}");
+            assert!(l.check_async(&key).await.is_allowed());
+            let d = l.check_async(&key).await;
+            if d.is_allowed() {
+                continue;
+            }
+            let half_day = Duration::from_secs(43_200);
+            assert!(
+                d.reset_after() <= half_day && d.reset_after() > half_day - Duration::from_secs(10),
+                "{d:?}"
+            );
+            return;
+        }
+        panic!("three window boundaries in three attempts");
+    });
+}

@@ -67,7 +67,9 @@ pub(crate) fn decide(state: u64, now: u64, cost: u64, rule: &Rule, headroom: u64
     let cap = rule.limit - headroom;
     let after = count + cost;
     if after <= cap {
-        Step::allow(encode(window, after), rule.limit, cap - after, left, 0)
+        // Nothing in the window (a report of cost 0 on an empty one): already full.
+        let reset = if after == 0 { 0 } else { left };
+        Step::allow(encode(window, after), rule.limit, cap - after, reset, 0)
     } else {
         let reset = if count == 0 { 0 } else { left };
         Step::deny(rule.limit, cap.saturating_sub(count), reset, left)

@@ -87,7 +87,9 @@ pub(crate) fn decide(log: &Log, now: u64, cost: u64, rule: &Rule, headroom: u64)
         .back()
         .map_or(0, |&(ts, _)| ts.saturating_add(p).saturating_sub(now));
     if used + cost <= cap {
-        let reset = reset.max(p);
+        // A charge adds an entry now, which leaves the window a period from now; a report of
+        // cost 0 adds none.
+        let reset = if cost > 0 { reset.max(p) } else { reset };
         return Step::allow((), rule.limit, cap - used - cost, reset, 0);
     }
     // Wait until enough of the oldest live units have left the window.

@@ -1486,7 +1486,7 @@ fn undo_all<C: Clock>(limiter: &Limiter<HttpKey, C>, checks: &mut [Check]) {
 fn refund_all<C: Clock>(limiter: &Limiter<HttpKey, C>, checks: &mut [Check], cost: u64) {
     undo_all(limiter, checks);
     for c in checks {
-        c.detailed.refunded(cost);
+        limiter.refunded_detailed(&c.key, c.plan, cost, &mut c.detailed);
     }
 }
 

@@ -178,8 +178,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                     if i > 0 {
                         self.refund(book, key, hash, cost, &mut out.tokens, now);
                         // Parts charged and then refunded report what they hold without it.
-                        for d in out.parts[..i].iter_mut().flatten() {
-                            d.remaining = (d.remaining + cost).min(d.limit);
+                        for (d, p) in out.parts[..i].iter_mut().zip(&plan.parts) {
+                            *d = self.held(book, key, hash, p, plan.headroom, now).or(*d);
                         }
                     }
                 }
@@ -223,6 +223,24 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             Map::Flat(s) => self.apply_cell(s, book, key, part, headroom, now, cost, mode),
             Map::Dash(s) => self.apply_cell(s, book, key, part, headroom, now, cost, mode),
         }
+    }
+
+    /// What (`key`, `part`) holds at `now`, as [`Decision::held`] reports it: a peek of cost 0
+    /// (`remaining` and `reset_after` as the state is, where a charge's decision counts the
+    /// charge). `None` only where the store could not be read (never for a peek).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn held(
+        &self,
+        book: &Book,
+        key: &K,
+        hash: u64,
+        part: &PartRule,
+        headroom: u64,
+        now: u64,
+    ) -> Option<Decision> {
+        self.apply_part(book, key, hash, part, headroom, now, 0, Mode::Peek, false)
+            .ok()
+            .map(|a| a.decision.held())
     }
 
     /// [`apply_part`](Self::apply_part) for a word-cell part on the flat store: its slot.
@@ -547,6 +565,12 @@ pub trait Part: sealed::Sealed {
     /// on its own. `None`: the admission is not counted after all (the call failed).
     #[doc(hidden)]
     fn recount(&self, admitted: bool, merged: Option<&Decision>);
+    /// The part's decision for `cost` units without charging them (a peek), or with `held`
+    /// what the part holds as it is (see [`Decision::held`]: a part charged and then
+    /// refunded). `None` where the part cannot be peeked here (a plan gone, exact mode).
+    #[doc(hidden)]
+    fn peek_part(&self, cost: u64, held: bool, time: &mut Option<(usize, u64)>)
+    -> Option<Decision>;
 }
 
 impl<K, C> sealed::Sealed for Bound<'_, K, C> {}
@@ -593,9 +617,47 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
             counters.count(Count::of(d), 0);
         }
     }
+
+    fn peek_part(
+        &self,
+        cost: u64,
+        held: bool,
+        time: &mut Option<(usize, u64)>,
+    ) -> Option<Decision> {
+        let l = self.limiter;
+        #[cfg(feature = "redis")]
+        if l.exact.is_some() {
+            return None;
+        }
+        let book = l.book.current();
+        let plan = book.get(self.plan).ok()?;
+        let now = self.now(time);
+        let hash = l.key_hash(self.key);
+        let cost = if held { 0 } else { cost };
+        let (d, _) = l
+            .charge(book, self.key, hash, plan, now, cost, Mode::Peek)
+            .ok()?;
+        Some(if held { d.held() } else { d })
+    }
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
+    /// The time this part decides at: the reading of an earlier part whose clock is this one
+    /// (`time`), else this clock's own, which later parts of the same clock then share.
+    #[inline(always)]
+    fn now(&self, time: &mut Option<(usize, u64)>) -> u64 {
+        let l = self.limiter;
+        let id = l.clock.shared_id();
+        match *time {
+            Some((shared, now)) if Some(shared) == id => now,
+            _ => {
+                let now = super::clamp_now(l.clock.now());
+                *time = id.map(|id| (id, now));
+                now
+            }
+        }
+    }
+
     /// One part's charge of a compound limit across keys: its decision counted in the plan's
     /// stats and merged into `merged` (its first value when `first`) where it is made, so no
     /// decision-sized value is copied between frames (a store-forwarding stall per part when it
@@ -625,16 +687,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         let book = l.book.current();
         let plan = book.get(self.plan)?;
         plan.check_cost(cost)?;
-        // The reading of an earlier part whose clock is this one, else this clock's own.
-        let id = l.clock.shared_id();
-        let now = match *time {
-            Some((shared, now)) if Some(shared) == id => now,
-            _ => {
-                let now = super::clamp_now(l.clock.now());
-                *time = id.map(|id| (id, now));
-                now
-            }
-        };
+        let now = self.now(time);
         let hash = l.key_hash(self.key);
         let resets = l.resets();
         if let (Map::Flat(s), Some(inline)) = (&l.store, &plan.inline) {
@@ -747,11 +800,13 @@ fn settle_part(
 /// ```
 pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
     let mut merged = Decision::denied(Reason::Limited, 0);
+    let mut time = None;
     if let [first, second] = parts {
         // The common compound (per-user AND global): `charge_from` unrolled, no recursion.
-        let (mut time, mut undo) = (None, None);
+        let mut undo = None;
         if !first.charge_part(cost, &mut merged, true, &mut undo, &mut time)? {
             second.recount(false, Some(&merged));
+            denied(parts, 0, cost, &mut merged, &mut time);
             return Ok(merged);
         }
         let admitted = second.charge_part(cost, &mut merged, false, &mut None, &mut time);
@@ -760,26 +815,63 @@ pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
                 first.undo_part(u);
             }
             first.recount(true, admitted.is_ok().then_some(&merged));
+            if admitted.is_ok() {
+                denied(parts, 1, cost, &mut merged, &mut time);
+            }
         }
         return admitted.map(|_| merged);
     }
-    charge_from(parts, cost, &mut merged, true, &mut None)?;
+    if let Some(at) = charge_from(parts, cost, &mut merged, true, &mut time)? {
+        denied(parts, at, cost, &mut merged, &mut time);
+    }
     Ok(merged)
+}
+
+/// The decision of a [`check_all`] that `parts[at]` denied, once the parts before it were
+/// refunded: those report what they hold without the request ([`Decision::held`]), the parts
+/// from `at` on are peeked (so `retry_after` is the latest of them: the moment the same call
+/// passes), merged as the parts of a compound plan are. Denied still, for the denying part's
+/// reason.
+#[cold]
+fn denied(
+    parts: &[&dyn Part],
+    at: usize,
+    cost: u64,
+    merged: &mut Decision,
+    time: &mut Option<(usize, u64)>,
+) {
+    let mut all = Decision::NEUTRAL;
+    let mut peeked = false;
+    for (i, p) in parts.iter().enumerate() {
+        if let Some(d) = p.peek_part(cost, i < at, time) {
+            all.merge(&d);
+            peeked = true;
+        }
+    }
+    if !peeked {
+        return;
+    }
+    all.allowed = false;
+    all.reason = merged.reason;
+    // The denying part's own wait stands even if a peek saw it pass (a race, a full table).
+    all.retry_after_ns = all.retry_after_ns.max(merged.retry_after_ns);
+    all.delay_ns = 0;
+    *merged = all;
 }
 
 /// [`check_all`] from `parts[0]` on, merging into `merged`: the part charged (and counted),
 /// then the rest (only while it admits), then the part refunded when they deny or fail. Each
 /// part's undo record lives in its own frame: no array to fill and no allocation, for any number
-/// of parts. Whether every part admitted.
+/// of parts. `None` when every part admitted, else the index of the part that denied.
 fn charge_from(
     parts: &[&dyn Part],
     cost: u64,
     merged: &mut Decision,
     first: bool,
     time: &mut Option<(usize, u64)>,
-) -> Result<bool, Error> {
+) -> Result<Option<usize>, Error> {
     let Some((part, rest)) = parts.split_first() else {
-        return Ok(true);
+        return Ok(None);
     };
     let mut undo = None;
     if !part.charge_part(cost, merged, first, &mut undo, time)? {
@@ -788,19 +880,19 @@ fn charge_from(
         for p in rest {
             p.recount(false, Some(merged));
         }
-        return Ok(false);
+        return Ok(Some(0));
     }
     // Each outcome is answered anew rather than passed on, so the common one (every part
     // admitted) moves no error-sized value between frames.
     match charge_from(rest, cost, merged, false, time) {
-        Ok(true) => Ok(true),
-        Ok(false) => {
+        Ok(None) => Ok(None),
+        Ok(Some(at)) => {
             // A later part denied: this admission is taken back, in the state and the stats.
             if let Some(u) = undo {
                 part.undo_part(u);
             }
             part.recount(true, Some(merged));
-            Ok(false)
+            Ok(Some(at + 1))
         }
         Err(e) => {
             if let Some(u) = undo {
@@ -866,9 +958,9 @@ impl Detailed {
         one.into_iter().chain(more.iter().flatten())
     }
 
-    /// After a refund of `cost`: every decision reports what its limit holds without the
-    /// charge.
-    pub(crate) fn refunded(&mut self, cost: u64) {
+    /// After a refund of `cost`, where the states cannot be read again (see
+    /// [`Limiter::refunded_detailed`]): every `remaining` without the charge.
+    fn refunded(&mut self, cost: u64) {
         let back = |d: &mut Decision| d.remaining = d.remaining.saturating_add(cost).min(d.limit);
         for d in self.more.iter_mut().flat_map(|p| p.iter_mut().flatten()) {
             back(d);
@@ -879,6 +971,36 @@ impl Detailed {
 
 #[cfg(feature = "http")]
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// After the charge `detailed` of `key` under `plan` was refunded: each part's decision
+    /// reports what the key holds now ([`Decision::held`]: `remaining` and `reset_after`
+    /// without the charge), and the merged one too.
+    pub(crate) fn refunded_detailed(
+        &self,
+        key: &K,
+        plan: PlanId,
+        cost: u64,
+        detailed: &mut Detailed,
+    ) {
+        let book = self.book.current();
+        let Ok(compiled) = book.get(plan) else {
+            return detailed.refunded(cost);
+        };
+        let now = super::clamp_now(self.clock.now());
+        let hash = self.key_hash(key);
+        let mut merged = Decision::NEUTRAL;
+        for (i, part) in compiled.parts.iter().enumerate() {
+            let Some(d) = self.held(book, key, hash, part, compiled.headroom, now) else {
+                return detailed.refunded(cost);
+            };
+            if let Some(parts) = &mut detailed.more {
+                parts[i] = Some(d);
+            }
+            merged.merge(&d);
+        }
+        detailed.decision = merged;
+        detailed.now = now;
+    }
+
     /// [`check_in`](Self::check_in) (or a peek or a reservation, by `mode`) that also reports
     /// each part's decision and can be undone with [`Part::undo_part`] on
     /// [`key_in`](Self::key_in)`(key, plan)`. Counts in the stats like `check_in`.

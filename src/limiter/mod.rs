@@ -824,8 +824,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             retries += b.retries;
             if !b.decision.allowed {
                 refund_first();
-                // Refunded, the first part reports what it holds without this request.
-                d.remaining = (d.remaining + cost).min(d.limit);
+                // Refunded, the first part reports what it holds without this request (its
+                // state read again: a state removed meanwhile is fresh).
+                let word = match s.find(rule_hash(hash, pair.ids[0])) {
+                    Found::Inline { word, .. } => word,
+                    _ => 0,
+                };
+                d = decide_word(word, now, 0, rule_a, pair.headroom, Mode::Check)
+                    .decision
+                    .held();
             }
             d.merge(&b.decision);
         }
@@ -1485,6 +1492,52 @@ const MAX_NOW_NS: u64 = (1 << 63) - 1;
 #[inline]
 fn clamp_now(now: u64) -> u64 {
     now.min(MAX_NOW_NS)
+}
+
+/// The async twins without the `redis` feature, where every limiter is in process: each answers
+/// at once with its synchronous call (with the feature they are defined beside exact mode, which
+/// awaits Redis), so code written once runs on every backend.
+#[cfg(not(feature = "redis"))]
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// [`check`](Self::check) on every backend (in process: `check` itself).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use tollgate::{Limiter, Quota};
+    /// let limiter = Limiter::<u64>::builder().quota(Quota::per_second(1)).build()?;
+    /// assert!(limiter.check_async(&7).await.is_allowed());
+    /// assert!(!limiter.check_async(&7).await.is_allowed());
+    /// # Ok::<(), tollgate::Error>(()) }).unwrap();
+    /// ```
+    pub async fn check_async(&self, key: &K) -> Decision {
+        self.check(key)
+    }
+
+    /// [`check_in`](Self::check_in) on every backend (in process: `check_in` itself).
+    pub async fn check_in_async(
+        &self,
+        key: &K,
+        plan: PlanId,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.check_in(key, plan, cost)
+    }
+
+    /// [`peek_in`](Self::peek_in) on every backend (in process: `peek_in` itself).
+    pub async fn peek_in_async(&self, key: &K, plan: PlanId, cost: u64) -> Result<Decision, Error> {
+        self.peek_in(key, plan, cost)
+    }
+
+    /// [`reserve_in`](Self::reserve_in) on every backend (in process: `reserve_in` itself).
+    pub async fn reserve_in_async(
+        &self,
+        key: &K,
+        plan: PlanId,
+        cost: u64,
+        max_delay: Duration,
+    ) -> Result<Decision, Error> {
+        self.reserve_in(key, plan, cost, max_delay)
+    }
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {

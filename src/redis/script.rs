@@ -438,8 +438,15 @@ pub(crate) fn combine(
         decisions.push(d);
     }
     if let Some(at) = denied_at {
-        for d in &mut decisions[..at] {
-            d.remaining = (d.remaining + cost).min(d.limit);
+        // The script wrote nothing: the state it read is what these parts hold without the
+        // request, reported as a decision of cost 0 does. A log part's fields are the
+        // script's own (made with the cost): only its `remaining` can be given back.
+        for ((d, rule), reply) in decisions[..at].iter_mut().zip(rules).zip(replies) {
+            if rule.kind == Kind::Log {
+                d.remaining = (d.remaining + cost).min(d.limit);
+            } else {
+                *d = part_decision(rule, reply, now, 0, Call::Check, headroom)?.held();
+            }
         }
     }
     let mut it = decisions.into_iter();

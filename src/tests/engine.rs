@@ -712,3 +712,92 @@ fn check_all_reads_a_shared_clock_once() {
     assert_eq!(a.clock().shared_id(), b.clock().shared_id());
     assert!(a.clock().shared_id().is_some());
 }
+
+/// A denied `check_all` peeks the parts after the one that denied: its `retry_after` is the
+/// latest of them, to the nanosecond, and a call made exactly then (no other traffic) passes.
+#[test]
+fn check_all_denied_early_waits_for_every_later_part() {
+    let clock = FakeClock::new();
+    let second = limiter::<u64>(Quota::per_second(1), &clock);
+    let minute = limiter::<u64>(Quota::per_minute(1), &clock);
+    let hour = limiter::<()>(Quota::per_hour(1), &clock);
+    for parts in [
+        vec![&second.key(&1) as &dyn crate::Part, &minute.key(&1)],
+        vec![
+            &second.key(&2) as &dyn crate::Part,
+            &minute.key(&2),
+            &hour.key(&()),
+        ],
+    ] {
+        let first = check_all(&parts, 1).unwrap();
+        assert!(first.is_allowed());
+        // The per-second part denies first; the later parts, never charged, are peeked.
+        let d = check_all(&parts, 1).unwrap();
+        assert!(!d.is_allowed());
+        let latest = if parts.len() == 3 { 3_600 } else { 60 };
+        assert_eq!(d.retry_after(), Duration::from_secs(latest));
+        assert_eq!(d.remaining(), 0);
+        clock.advance(d.retry_after() - Duration::from_nanos(1));
+        assert!(!check_all(&parts, 1).unwrap().is_allowed(), "1 ns early");
+        clock.advance(Duration::from_nanos(1));
+        assert!(check_all(&parts, 1).unwrap().is_allowed(), "at retry_after");
+    }
+}
+
+/// A part charged and then refunded reports what it holds without the request: `reset_after`
+/// too, not only `remaining` (for a compound plan, its short two-part path and its general
+/// path, and for `check_all`).
+#[test]
+fn refunded_parts_report_their_reset_without_the_charge() {
+    let clock = FakeClock::new();
+    let hourly = Quota::per_hour(2); // T = 30 min
+    let window = Quota::per_second(1).algorithm(Algorithm::FixedWindow);
+    let log = Quota::per_hour(1).algorithm(Algorithm::SlidingWindowLog);
+    // Two word parts take the short path; with a log part the general one.
+    for quotas in [vec![hourly, window], vec![hourly, window, log]] {
+        let mut b = Limiter::<u64>::builder().clock(clock.clone());
+        for q in &quotas {
+            b = b.quota(*q);
+        }
+        let l = b.build().unwrap();
+        assert!(l.check(&1).is_allowed());
+        // The bucket admits (and would owe 60 min), the window denies: the bucket is refunded
+        // and owes the 30 min of the first request.
+        let d = l.check(&1);
+        assert!(!d.is_allowed());
+        let expect = if quotas.len() == 3 { 3_600 } else { 1_800 };
+        assert_eq!(
+            d.reset_after(),
+            Duration::from_secs(expect),
+            "{} parts",
+            quotas.len()
+        );
+        assert_eq!(d.remaining(), 0);
+    }
+    let bucket = limiter::<u64>(hourly, &clock);
+    let per_window = limiter::<u64>(window, &clock);
+    let parts = [&bucket.key(&9) as &dyn crate::Part, &per_window.key(&9)];
+    assert!(check_all(&parts, 1).unwrap().is_allowed());
+    let d = check_all(&parts, 1).unwrap();
+    assert!(!d.is_allowed());
+    assert_eq!(d.reset_after(), Duration::from_secs(1_800));
+    assert_eq!(
+        bucket.peek(&9).remaining(),
+        0,
+        "1 held, minus the peeked unit"
+    );
+}
+
+/// A report of cost 0 of an empty window is full already: no reset to wait for.
+#[test]
+fn window_reports_of_nothing_need_no_reset() {
+    use crate::algo;
+    let rule = Quota::per_second(5)
+        .algorithm(Algorithm::FixedWindow)
+        .compile(0)
+        .unwrap();
+    let d = algo::fixed::decide(0, 1_500_000_000, 0, &rule, 0).decision;
+    assert_eq!((d.remaining(), d.reset_after()), (5, Duration::ZERO));
+    let charged = algo::fixed::decide(0, 1_500_000_000, 1, &rule, 0).decision;
+    assert_eq!(charged.reset_after(), Duration::from_millis(500));
+}
