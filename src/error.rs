@@ -75,6 +75,12 @@ pub enum Error {
         /// The largest shard count accepted.
         max: usize,
     },
+    /// Redis did not do what a call needed of it (unreachable, no answer within the deadline,
+    /// an error reply): only for calls that must reach it ([`reset_async`] of a limiter on
+    /// Redis); a decision is answered by the failure policy instead.
+    ///
+    /// [`reset_async`]: crate::Limiter::reset_async
+    Redis(String),
     /// A configuration file that does not parse or holds a bad value.
     Config {
         /// 1-based line of the offending value, when known.
@@ -134,6 +140,7 @@ impl fmt::Display for Error {
                 f,
                 "shards is {shards}: accepted from 1 to {max} (rounded up to a power of two)"
             ),
+            Error::Redis(message) => write!(f, "redis: {message}"),
             Error::Config {
                 line: Some(line),
                 message,

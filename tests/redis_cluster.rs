@@ -38,7 +38,9 @@ fn compound_limits_on_a_three_master_cluster() {
     };
     let adapters = [build(), build()];
     const USERS: usize = 40;
-    let users: Vec<String> = (0..USERS).map(|i| format!("user{i}")).collect();
+    // Keys whose names could leave Cluster no hash tag (empty, or starting with `}`) among them.
+    let mut users: Vec<String> = (3..USERS).map(|i| format!("user{i}")).collect();
+    users.extend(["", "}x", "a}b"].map(String::from));
 
     // Every part of a key lives in one slot; the keys spread over all three masters.
     let ranges: Vec<String> = cluster
@@ -102,7 +104,7 @@ fn compound_limits_on_a_three_master_cluster() {
         }
     });
     for (i, a) in admitted.iter().enumerate() {
-        assert_eq!(a.load(Ordering::SeqCst), 3, "user{i}");
+        assert_eq!(a.load(Ordering::SeqCst), 3, "{:?}", users[i]);
     }
     // All-or-nothing: the log part never charged for a request the bucket denied, so each
     // log holds exactly the 3 admitted units (its own limit is 5).

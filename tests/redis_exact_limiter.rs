@@ -227,6 +227,20 @@ fn sync_calls_check_all_and_a_dead_redis_answer_by_the_policy() {
         .unwrap();
     assert!(open.check(&"u".into()).is_allowed());
     assert!(open.check(&"u".into()).is_allowed());
+    // LocalShare: a synchronous call decides on the plan's in-memory share, limit/nodes and
+    // burst/nodes per process, as while Redis is out of reach (8 / 4 = 2 here).
+    let share = Limiter::<String>::builder()
+        .quota(Quota::per_minute(100).burst(8))
+        .redis_exact(
+            RedisConfig::new(&server.url()).on_failure(FailurePolicy::LocalShare { nodes: 4 }),
+        )
+        .build_shared()
+        .unwrap();
+    let admitted = (0..20)
+        .filter(|_| share.check(&"u".into()).is_allowed())
+        .count();
+    assert_eq!(admitted, 2);
+    assert_eq!(share.sync_calls_degraded(), 20);
     let err = check_all(&[&closed.key(&"u".into()), &open.key(&"u".into())], 1).unwrap_err();
     assert!(matches!(err, Error::Config { .. }), "{err}");
     assert!(err.to_string().contains("synced mode"), "{err}");
@@ -298,5 +312,46 @@ fn a_part_given_back_reports_its_reset_without_the_request() {
             return;
         }
         panic!("three window boundaries in three attempts");
+    });
+}
+
+/// A penalty denies an exact-mode call before Redis is asked (it is this process's: another
+/// process still admits); `reset_async` forgets the key on Redis, for every process.
+#[test]
+fn block_and_reset_async_reach_exact_mode() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let [a, b] = pair(&server.url(), "x8:", plans);
+    rt.block_on(async {
+        let free = id(&a, "free");
+        let k: String = "k".into();
+        for _ in 0..5 {
+            assert!(a.check_in_async(&k, free, 1).await.unwrap().is_allowed());
+        }
+        assert!(!b.check_in_async(&k, free, 1).await.unwrap().is_allowed());
+        // The synchronous reset cannot reach Redis: the key stays spent there.
+        a.reset(&k);
+        assert!(!b.check_in_async(&k, free, 1).await.unwrap().is_allowed());
+        assert!(
+            a.reset_async(&k).await.unwrap(),
+            "Redis held the key's state"
+        );
+        let d = b.check_in_async(&k, free, 1).await.unwrap();
+        assert_eq!(
+            (d.is_allowed(), d.remaining()),
+            (true, 4),
+            "fresh in every process"
+        );
+        assert!(!a.reset_async(&"never".to_string()).await.unwrap());
+
+        let m: String = "mallory".into();
+        assert!(a.block(&m, Duration::from_secs(60)));
+        let d = a.check_in_async(&m, free, 1).await.unwrap();
+        assert_eq!(d.reason(), Reason::Blocked);
+        assert!(d.retry_after() > Duration::from_secs(59), "{d:?}");
+        assert!(!a.peek_in_async(&m, free, 1).await.unwrap().is_allowed());
+        assert!(b.check_in_async(&m, free, 1).await.unwrap().is_allowed());
+        // Redis charged nothing for the blocked calls: b's one unit is all that is spent.
+        assert_eq!(b.peek_in_async(&m, free, 1).await.unwrap().remaining(), 3);
     });
 }

@@ -330,6 +330,16 @@ fn a_limiter_starts_while_redis_is_down_and_recovers_by_itself() {
 fn a_corrupted_key_is_answered_by_the_policy_without_tripping_the_breaker() {
     let server = RedisServer::start();
     let rt = runtime();
+    // Values another program could leave at a key: none of them a state this limiter writes
+    // (numbers with letters, signs, exponents, too many digits, the wrong shape).
+    let values = [
+        "not:a:state:at:all",
+        "12abc",
+        "-5",
+        "1e30",
+        "123456789012345678901234567890",
+        "1:2:3:4",
+    ];
     for (i, quota) in [
         Quota::per_second(10),
         Quota::per_second(10).algorithm(tollgate::Algorithm::FixedWindow),
@@ -345,26 +355,39 @@ fn a_corrupted_key_is_answered_by_the_policy_without_tripping_the_breaker() {
             .deadline(Duration::from_secs(1))
             .build()
             .unwrap();
-        // Another program writes garbage under one key and a list under another (before each
-        // call: a script that fails part-way keeps what it wrote, e.g. a log's expiry).
-        let garbage = l.keys_of("garbage")[0].clone();
+        // Another program writes a string under each of these keys, and a list under one more
+        // (a list of a foreign entry, for a sliding log).
+        let names: Vec<String> = (0..values.len()).map(|v| format!("garbage{v}")).collect();
+        for (name, value) in names.iter().zip(values) {
+            server.cli(&["SET", &l.keys_of(name)[0], value]);
+        }
         let list = l.keys_of("list")[0].clone();
+        server.cli(&["RPUSH", &list, "x"]);
         rt.block_on(async {
-            for _ in 0..10 {
-                server.cli(&["SET", &garbage, "not:a:state:at:all"]);
-                server.cli(&["DEL", &list]);
-                server.cli(&["RPUSH", &list, "x"]);
-                for key in ["garbage", "list"] {
+            // Many calls in a row on the bad keys, none between them that succeeds (a success
+            // would reset the breaker's count of failures).
+            for _ in 0..5 {
+                for key in names.iter().map(String::as_str).chain(["list"]) {
                     let c = l.check(key).await;
                     assert_eq!(c.source(), Source::FailedClosed, "{quota:?} {key}");
                     assert!(!c.decision().is_allowed());
                 }
-                assert_eq!(l.check("fine").await.source(), Source::Redis, "{quota:?}");
             }
+            assert_eq!(l.check("fine").await.source(), Source::Redis, "{quota:?}");
         });
         let st = l.stats();
+        let bad = 5 * (values.len() as u64 + 1);
         assert_eq!(st.breaker_opens, 0, "{quota:?}: {st:?}");
-        assert_eq!(st.errors, 20);
-        assert_eq!(st.failed_closed, 20);
+        assert_eq!(st.errors, bad);
+        assert_eq!(st.failed_closed, bad);
+        // Nothing was written over the other program's data.
+        for (name, value) in names.iter().zip(values) {
+            assert_eq!(
+                server.cli(&["GET", &l.keys_of(name)[0]]).trim(),
+                value,
+                "{quota:?}"
+            );
+        }
+        assert_eq!(server.cli(&["LRANGE", &list, "0", "-1"]).trim(), "x");
     }
 }

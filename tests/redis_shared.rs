@@ -347,3 +347,38 @@ fn tiers_share_one_state_across_processes() {
     assert!((14..=16).contains(&high_in), "high tier admitted {high_in}");
     assert!(low_in + high_in <= 21, "{low_in} + {high_in}");
 }
+
+/// `reset_async` of a synced limiter forgets the key on Redis (its global state) and the units
+/// this process has not pushed yet: nothing brings them back in later rounds.
+#[test]
+fn reset_async_forgets_the_key_on_redis() {
+    let _g = serial();
+    let server = RedisServer::start();
+    let rt = runtime();
+    let ls = limiters(&rt, &server, "rs:", || {
+        Limiter::<String>::builder().quota(Quota::new(4, Duration::from_secs(86_400)).burst(4))
+    });
+    let k: String = "k".into();
+    let held = || server.cli(&["KEYS", "rs:*"]);
+    for l in &ls {
+        assert!(l.check(&k).is_allowed());
+    }
+    // The rounds push every process's unit to the key's global state.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while held().trim().is_empty() {
+        assert!(Instant::now() < deadline, "no round pushed the key");
+        std::thread::sleep(INTERVAL);
+    }
+    std::thread::sleep(INTERVAL * 2);
+    // A unit charged just now is pending in ls[0] when it resets: dropped with the rest.
+    assert!(ls[0].check(&k).is_allowed());
+    assert!(
+        rt.block_on(ls[0].reset_async(&k)).unwrap(),
+        "Redis held the state"
+    );
+    assert_eq!(held().trim(), "", "deleted");
+    std::thread::sleep(INTERVAL * 4);
+    assert_eq!(held().trim(), "", "nothing pushed it back");
+    let d = ls[0].peek_in(&k, PlanId::DEFAULT, 1).unwrap();
+    assert_eq!((d.is_allowed(), d.remaining()), (true, 3), "fresh here");
+}

@@ -123,7 +123,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// Every part of `plan` denied by a penalty, when `key` is under one at `now`.
     #[inline(always)]
-    fn blocked(&self, key: &K, hash: u64, plan: &Compiled, now: u64) -> Option<Outcome> {
+    pub(super) fn blocked(&self, key: &K, hash: u64, plan: &Compiled, now: u64) -> Option<Outcome> {
         if !self.penalties.maybe(hash) {
             return None;
         }

@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use super::Limiter;
 use super::book::{Plan, PlanId, Strategy};
+use crate::cell::Mode;
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::redis::{FailurePolicy, RedisConfig, RedisLimiter};
+use crate::redis::{RedisConfig, RedisLimiter};
 use crate::sync::{AtomicU64, Ordering};
 
 /// One plan on Redis.
@@ -104,19 +105,23 @@ impl<K> Exact<K> {
             .ok_or_else(|| Error::UnknownPlan(format!("#{}", plan.0)))
     }
 
-    /// What a synchronous call on an exact-mode limiter gets: the failure policy's answer
-    /// (`None`: decide on the local table, the local share), counted.
-    pub(crate) fn sync_answer(&self, limit: u64) -> Option<Decision> {
+    /// What a synchronous call on an exact-mode limiter gets (in `mode`, the plan's strategy
+    /// applied): the failure policy's answer, as the plan's script gets it while Redis is out
+    /// of reach (`Closed`: denied until the breaker's next probe; `LocalShare`: the plan's
+    /// in-memory share, `limit/nodes`), counted.
+    pub(crate) fn sync_answer(
+        &self,
+        key: &K,
+        plan: PlanId,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Decision, Error> {
         // Relaxed: a statistic.
         self.sync_calls.fetch_add(1, Ordering::Relaxed);
-        match self.config.policy {
-            FailurePolicy::Open => Some(crate::redis::open_decision(limit)),
-            FailurePolicy::LocalShare { .. } => None,
-            _ => Some(Decision {
-                limit,
-                ..Decision::denied(Reason::Limited, 0)
-            }),
-        }
+        Ok(self
+            .plan(plan)?
+            .redis
+            .unreached(&(self.name)(key), cost, mode))
     }
 
     /// Synchronous calls answered by the policy so far.
@@ -187,6 +192,33 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
         }
     }
 
+    /// [`reset`](Self::reset) on every backend: also the key's state on Redis, which a
+    /// synchronous call cannot reach. In exact mode ([`Builder::redis_exact`]) its state under
+    /// every plan's quotas is deleted there; synced, its global state under every rule and the
+    /// units this process has not pushed yet. True if anything was tracked here or held there;
+    /// an error when Redis could not be asked within the deadline (the local state is forgotten
+    /// all the same).
+    ///
+    /// [`Builder::redis_exact`]: crate::Builder::redis_exact
+    pub async fn reset_async(&self, key: &K) -> Result<bool, Error> {
+        let mut any = self.reset(key);
+        if let Some(x) = &self.exact {
+            let name = (x.name)(key);
+            let plans: Vec<RedisLimiter> = {
+                let plans = x.plans.read().unwrap_or_else(|e| e.into_inner());
+                plans.iter().flatten().map(|p| p.redis.clone()).collect()
+            };
+            for redis in plans {
+                any |= redis.reset(&name).await?;
+            }
+        }
+        if let Some(sh) = &self.shared {
+            let rules = self.book.current().rules.clone();
+            any |= sh.forget(key, self.key_hash(key), &rules).await?;
+        }
+        Ok(any)
+    }
+
     /// Whether every decision is made on Redis ([`Builder::redis_exact`]).
     ///
     /// [`Builder::redis_exact`]: crate::Builder::redis_exact
@@ -210,7 +242,16 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
         cost: u64,
         call: Call,
     ) -> Result<Decision, Error> {
-        self.book.current().get(plan)?.check_cost(cost)?;
+        let compiled = self.book.current().get(plan)?;
+        compiled.check_cost(cost)?;
+        // A penalty (`block`) is this process's, and denies before Redis is asked.
+        let now = super::clamp_now(self.clock.now());
+        if let Some(out) = self.blocked(key, self.key_hash(key), compiled, now) {
+            if !matches!(call, Call::Peek) {
+                self.count_external(plan, &out.decision);
+            }
+            return Ok(out.decision);
+        }
         let p = x.plan(plan)?;
         let name = (x.name)(key);
         let checked = match (call, p.strategy) {

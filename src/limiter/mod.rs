@@ -1108,7 +1108,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
 
     /// Forgets `key` entirely: its state under every rule and its penalty (back to fresh).
-    /// True if anything was tracked.
+    /// True if anything was tracked. A limiter on Redis forgets only what this process holds:
+    /// [`reset_async`](Self::reset_async) forgets the key there too.
     ///
     /// ```
     /// use tollgate::{Limiter, Quota};
@@ -1136,7 +1137,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// A penalty: `key` is denied for `duration` from now under every plan, whatever its
     /// quotas say (an existing longer penalty stays). False when `max_keys` keys are under a
-    /// penalty already.
+    /// penalty already (penalties that are over do not count, swept or not).
     ///
     /// ```
     /// use std::time::Duration;
@@ -1150,7 +1151,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     pub fn block(&self, key: &K, duration: Duration) -> bool {
         let now = clamp_now(self.clock.now());
         let until = now.saturating_add(nanos(duration));
-        self.penalties.block(self.key_hash(key), key, until)
+        self.penalties.block(self.key_hash(key), key, now, until)
     }
 
     /// Adds or replaces the plan called `name` on the live limiter; see the type's docs for what
@@ -1434,14 +1435,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         &self,
         key: &K,
         hash: u64,
-        plan: PlanId,
+        plan_id: PlanId,
         cost: u64,
         mode: Mode,
         now: u64,
         short: bool,
     ) -> Result<Decision, Error> {
         let book = self.book.current();
-        let plan = book.get(plan)?;
+        let plan = book.get(plan_id)?;
         plan.check_cost(cost)?;
         let mode = plan.mode(mode);
         if let (Map::Flat(s), Mode::Check, true) = (&self.store, mode, short) {
@@ -1458,12 +1459,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         }
         #[cfg(feature = "redis")]
         if let Some(x) = &self.exact {
-            // Exact mode decides on Redis, which a synchronous call cannot wait for.
-            let limit = plan.parts.first().map_or(0, |p| p.rule.capacity);
-            if let Some(mut d) = x.sync_answer(limit) {
-                self.settle(plan, &mut d, 0, mode);
-                return Ok(d);
-            }
+            // Exact mode decides on Redis, which a synchronous call cannot wait for: the
+            // failure policy answers, as the plan's script would while Redis is out of reach.
+            let mut d = x.sync_answer(key, plan_id, cost, mode)?;
+            self.settle(plan, &mut d, 0, mode);
+            return Ok(d);
         }
         let (mut d, retries) = match self.charge(book, key, hash, plan, now, cost, mode) {
             Ok(charged) => charged,
@@ -1526,6 +1526,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// [`peek_in`](Self::peek_in) on every backend (in process: `peek_in` itself).
     pub async fn peek_in_async(&self, key: &K, plan: PlanId, cost: u64) -> Result<Decision, Error> {
         self.peek_in(key, plan, cost)
+    }
+
+    /// [`reset`](Self::reset) on every backend (in process: `reset` itself).
+    pub async fn reset_async(&self, key: &K) -> Result<bool, Error> {
+        Ok(self.reset(key))
     }
 
     /// [`reserve_in`](Self::reserve_in) on every backend (in process: `reserve_in` itself).

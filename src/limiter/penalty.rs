@@ -71,9 +71,17 @@ impl<K: Hash + Eq + Clone> Penalties<K> {
     }
 
     /// Blocks `key` until `until` (a longer penalty already set stays). False when `max` keys are
-    /// under a penalty already and `key` is not one of them.
-    pub(crate) fn block(&self, hash: u64, key: &K, until: u64) -> bool {
+    /// under a penalty at `now` already and `key` is not one of them (penalties over by `now`
+    /// make room first, as a sweep would drop them).
+    pub(crate) fn block(&self, hash: u64, key: &K, now: u64, until: u64) -> bool {
         let mut map = sync::write(&self.map);
+        if map.len() >= self.max && !map.contains_key(key) {
+            // Their filter bits stay until the next sweep: a check that reads one finds no
+            // entry, or one that is over, and is not blocked.
+            map.retain(|_, &mut (_, until)| until > now);
+            // Relaxed: see `len`.
+            self.len.store(map.len(), Ordering::Relaxed);
+        }
         let full = map.len() >= self.max;
         match map.get_mut(key) {
             Some(e) => e.1 = e.1.max(until),

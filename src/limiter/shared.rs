@@ -72,7 +72,7 @@ impl<K: Hash + Eq + Clone> Shared<K> {
         rule: RuleId,
         f: impl FnOnce(&Tracker) -> R,
     ) -> Option<R> {
-        for h in [hash, hash.rotate_left(32) ^ 0x9E37_79B9_7F4A_7C15] {
+        for h in track_slots(hash) {
             if let Some(e) = self.tracks.get(&(h, rule)) {
                 if e.key == *key {
                     return Some(f(&e.track));
@@ -88,6 +88,22 @@ impl<K: Hash + Eq + Clone> Shared<K> {
             }
         }
         None
+    }
+
+    /// Forgets `key` on Redis and here: its global state under each of `rules` (deleted) and
+    /// the units it has not pushed yet. True if Redis held any of them.
+    pub(crate) async fn forget(&self, key: &K, hash: u64, rules: &[Rule]) -> Result<bool, Error> {
+        let mut names = Vec::with_capacity(rules.len());
+        for (id, rule) in rules.iter().enumerate() {
+            for h in track_slots(hash) {
+                self.tracks
+                    .remove_if(&(h, id as RuleId), |_, e| e.key == *key);
+            }
+            names.push(self.redis_key(key, rule));
+        }
+        crate::redis::link::delete(&self.sync.link, self.sync.deadline, &names)
+            .await
+            .map(|n| n > 0)
     }
 
     /// The policy's decision while the breaker is open; `None` when the local table decides
@@ -119,13 +135,19 @@ impl<K: Hash + Eq + Clone> Shared<K> {
         format!(
             "{}{{{}}}:{}:{}:{}:{}",
             self.prefix,
-            (self.name)(key),
+            crate::redis::hash_tag(&(self.name)(key)),
             rule.algorithm.name(),
             rule.limit,
             rule.period,
             rule.capacity
         )
     }
+}
+
+/// Where a key hashed to `hash` may be tracked: its hash, else (when another tracked key holds
+/// that hash already) a second slot.
+fn track_slots(hash: u64) -> [u64; 2] {
+    [hash, hash.rotate_left(32) ^ 0x9E37_79B9_7F4A_7C15]
 }
 
 /// A synced limiter's hook on a charge: decide from the tracker's start, count what was

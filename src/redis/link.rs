@@ -91,6 +91,22 @@ pub(crate) struct Link {
     pub(crate) connects: AtomicU64,
 }
 
+/// Deletes `keys` (the names of one key, so one Cluster slot) within `deadline`: how many of them
+/// existed.
+pub(crate) async fn delete(link: &Link, deadline: Duration, keys: &[String]) -> Result<u64, Error> {
+    let run = async {
+        let mut conn = link.get().await?;
+        let mut cmd = Cmd::new();
+        cmd.arg("DEL").arg(keys);
+        conn.query::<u64>(&cmd).await
+    };
+    match tokio::time::timeout(deadline, run).await {
+        Ok(Ok(n)) => Ok(n),
+        Ok(Err(e)) => Err(Error::Redis(e.to_string())),
+        Err(_) => Err(Error::Redis(format!("no answer within {deadline:?}"))),
+    }
+}
+
 impl Link {
     pub(crate) fn new(target: Target) -> Link {
         Link {

@@ -675,6 +675,18 @@ impl<C: Clock> RedisLimiter<C> {
         self.inner.breaker.is_open()
     }
 
+    /// Forgets `key` on Redis: deletes its state under every quota (its [`keys_of`]), so it
+    /// starts afresh in every process. True if any existed; an error when Redis could not be
+    /// asked within the deadline (nothing is assumed deleted then).
+    ///
+    /// [`keys_of`]: Self::keys_of
+    pub async fn reset(&self, key: &str) -> Result<bool, Error> {
+        let inner = &*self.inner;
+        link::delete(&inner.link, inner.deadline, &self.keys_of(key))
+            .await
+            .map(|n| n > 0)
+    }
+
     /// The Redis keys that hold `key`'s state (one per quota; two for a sliding log), for
     /// inspection and tests. They share one hash tag, so one Cluster slot.
     ///
@@ -688,7 +700,7 @@ impl<C: Clock> RedisLimiter<C> {
     pub fn keys_of(&self, key: &str) -> Vec<String> {
         let mut keys = Vec::new();
         for (r, name) in self.inner.rules.iter().zip(&self.inner.names) {
-            let k = format!("{}{{{key}}}:{name}", self.inner.prefix);
+            let k = format!("{}{{{}}}:{name}", self.inner.prefix, hash_tag(key));
             if r.kind == Kind::Log {
                 keys.push(format!("{k}:n"));
                 keys.insert(keys.len() - 1, k);
@@ -818,6 +830,20 @@ impl<C: Clock> RedisLimiter<C> {
         Ok((decision, now))
     }
 
+    /// The policy's answer to a call in `mode` that cannot reach Redis at all (a synchronous
+    /// call on an exact-mode `Limiter`): as while Redis is out of reach, counted as degraded.
+    pub(crate) fn unreached(&self, key: &str, cost: u64, mode: crate::cell::Mode) -> Decision {
+        use crate::cell::Mode;
+        let call = match mode {
+            Mode::Check => Call::Check,
+            Mode::Reserve(max) => Call::Reserve(max),
+            Mode::Peek => Call::Peek(None),
+            Mode::PeekReserve(max) => Call::Peek(Some(max)),
+        };
+        self.degraded(key, cost, self.inner.clock.now(), call)
+            .decision
+    }
+
     /// The policy's answer when Redis cannot give one.
     fn degraded(&self, key: &str, cost: u64, now: u64, call: Call) -> Checked {
         let inner = &*self.inner;
@@ -871,14 +897,24 @@ impl<C: Clock> RedisLimiter<C> {
     }
 }
 
-/// True for an error that concerns one key's contents, not the server's health: the script
-/// failed on a value of the wrong type or shape (written by something other than this limiter).
-fn key_local(e: &::redis::RedisError) -> bool {
-    if e.kind() != ::redis::ErrorKind::Server(::redis::ServerErrorKind::ResponseError) {
-        return false;
+/// What a key's Redis names put between `{` and `}`, so Redis Cluster hashes every name of the
+/// key to one slot: the key itself, unless Cluster would find no tag there (an empty key, or one
+/// that starts with `}`: the tag would be empty, and the names hashed whole, to different
+/// slots). Those, and keys that start with `\u{1}`, get `\u{1}` in front: a tag that is never
+/// empty, and still one per key (only they start with `\u{1}`).
+pub(crate) fn hash_tag(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.is_empty() || key.starts_with('}') || key.starts_with('\u{1}') {
+        format!("\u{1}{key}").into()
+    } else {
+        key.into()
     }
-    let msg = e.to_string();
-    msg.contains("WRONGTYPE") || msg.contains("user_script")
+}
+
+/// True for an error that concerns one key's contents, not the server's health: a value of the
+/// wrong type (`WRONGTYPE`, from Redis) or of a shape this limiter never writes (the script's
+/// own `TOLLGATE_FOREIGN`, raised before it writes anything): another program's data.
+fn key_local(e: &::redis::RedisError) -> bool {
+    matches!(e.code(), Some("WRONGTYPE" | "TOLLGATE_FOREIGN"))
 }
 
 impl std::fmt::Debug for Common {

@@ -61,6 +61,22 @@ end
 local function px(h, l)
   return h * 1000 + math.ceil(l / 1000000) + 2
 end
+-- Another program's data at a key (a value this limiter never writes): abort before anything is
+-- written, with an error the client answers for that key alone by its policy.
+local function foreign(key)
+  error({err = 'TOLLGATE_FOREIGN ' .. key})
+end
+-- The numbers of a state string matching `pat`, each at most `len` digits (a state this limiter
+-- wrote), else foreign.
+local function parts(key, raw, pat, len)
+  local t = {string.match(raw, pat)}
+  if #t == 0 then foreign(key) end
+  for i, v in ipairs(t) do
+    if #v > len then foreign(key) end
+    t[i] = tonumber(v)
+  end
+  return t
+end
 local T = redis.call('TIME')
 local NH, NL = tonumber(T[1]), tonumber(T[2]) * 1000
 local NOW_US = tonumber(T[1]) * 1000000 + tonumber(T[2])
@@ -78,6 +94,8 @@ end
 const GCRA: &str = r#"
 local function decide_g(keys, a)
   local raw = redis.call('GET', keys[1])
+  -- A TAT in ns: at most 19 digits (the year 2286 has 19).
+  if raw then parts(keys[1], raw, '^(%d+)$', 19) end
   local th, tl = big(raw)
   local bh, bl = th, tl
   if le(th, tl, NH, NL) then bh, bl = NH, NL end
@@ -99,8 +117,9 @@ local function decide_f(keys, a)
   local w, e = window(p)
   local win, count, left = w, 0, p - e
   if raw then
-    local s1, s2 = string.match(raw, '^(%d+):(%d+)$')
-    local sw, c = tonumber(s1), tonumber(s2)
+    local t = parts(keys[1], raw, '^(%d+):(%d+)$', 16)
+    local sw, c = t[1], t[2]
+    if c > MAXF then foreign(keys[1]) end
     if sw == w then
       count = c
     elseif sw > w and sw - w <= 1048576 then
@@ -132,8 +151,9 @@ local function decide_s(keys, a)
   local w, e = window(p)
   local win, prev, cur, ahead = w, 0, 0, 0
   if raw then
-    local s1, s2, s3 = string.match(raw, '^(%d+):(%d+):(%d+)$')
-    local sw, sp, sc = tonumber(s1), tonumber(s2), tonumber(s3)
+    local t = parts(keys[1], raw, '^(%d+):(%d+):(%d+)$', 16)
+    local sw, sp, sc = t[1], t[2], t[3]
+    if sp > MAXS or sc > MAXS then foreign(keys[1]) end
     if sw == w then
       prev, cur = sp, sc
     elseif sw == w - 1 then
@@ -167,15 +187,18 @@ const LOG: &str = r#"
 local function decide_l(keys, a)
   local ph, pl = big(a[1])
   local cost, cap = tonumber(a[2]), tonumber(a[3])
-  local used = tonumber(redis.call('GET', keys[2]) or '0')
+  local used = parts(keys[2], redis.call('GET', keys[2]) or '0', '^(%d+)$', 9)[1]
+  -- Each entry is checked before it is used or trimmed (an entry of another program's stops
+  -- the script; expired entries trimmed before it only leave the total too high: stricter).
+  local entry = '^(%d+):(%d+)$'
   while true do
     local e = redis.call('LINDEX', keys[1], 0)
     if not e then break end
-    local s1, s2 = string.match(e, '^(%d+):(%d+)$')
-    local ah, al = sub(NH, NL, big(s1))
+    local s2 = parts(keys[1], e, entry, 19)[2]
+    local ah, al = sub(NH, NL, big(string.match(e, '^(%d+)')))
     if not le(ph, pl, ah, al) then break end
     redis.call('LPOP', keys[1])
-    used = used - tonumber(s2)
+    used = used - s2
   end
   if used > 0 then
     redis.call('SET', keys[2], used, 'KEEPTTL')
@@ -185,6 +208,7 @@ local function decide_l(keys, a)
   local last = redis.call('LINDEX', keys[1], -1)
   local lh, ll, rh, rl = 0, 0, 0, 0
   if last then
+    parts(keys[1], last, entry, 19)
     lh, ll = big(string.match(last, '^(%d+):'))
     local eh, el = add(lh, ll, ph, pl)
     rh, rl = sub(eh, el, NH, NL)
@@ -210,8 +234,9 @@ local function decide_l(keys, a)
     local chunk = redis.call('LRANGE', keys[1], i, i + 99)
     if #chunk == 0 then break end
     for _, e in ipairs(chunk) do
-      local s1, s2 = string.match(e, '^(%d+):(%d+)$')
-      freed = freed + tonumber(s2)
+      local s2 = parts(keys[1], e, entry, 19)[2]
+      local s1 = string.match(e, '^(%d+)')
+      freed = freed + s2
       if freed >= need then
         local th, tl = big(s1)
         local xh, xl = add(th, tl, ph, pl)
@@ -262,6 +287,11 @@ pub(crate) fn source(kinds: &[Kind]) -> String {
     let mut s = String::from(PRELUDE);
     let has = |k: Kind| kinds.contains(&k);
     s.push_str("local DECIDE = {}\n");
+    s.push_str(&format!(
+        "local MAXF, MAXS = {}, {}\n",
+        algo::fixed::MAX_LIMIT,
+        algo::sliding::MAX_LIMIT
+    ));
     if has(Kind::Gcra) {
         s.push_str(GCRA);
         s.push_str("DECIDE['g'] = decide_g\n");

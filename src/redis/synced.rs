@@ -304,7 +304,7 @@ impl SyncedInner {
     }
 
     fn key(&self, key: &str) -> String {
-        format!("{}{{{key}}}:s", self.prefix)
+        format!("{}{{{}}}:s", self.prefix, super::hash_tag(key))
     }
 
     /// One round: push every touched key's pending units, adopt the global states.

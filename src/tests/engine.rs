@@ -801,3 +801,35 @@ fn window_reports_of_nothing_need_no_reset() {
     let charged = algo::fixed::decide(0, 1_500_000_000, 1, &rule, 0).decision;
     assert_eq!(charged.reset_after(), Duration::from_millis(500));
 }
+
+/// At most `max_keys` keys under a penalty at once, counting only penalties still in force:
+/// ones that are over make room for new ones without a sweep.
+#[test]
+fn penalties_that_are_over_do_not_count_toward_the_cap() {
+    let clock = FakeClock::new();
+    let l: Limiter<u64, _> = Limiter::builder()
+        .quota(Quota::per_second(10))
+        .max_keys(4)
+        .housekeeping(false)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(l.block(&1, Duration::from_secs(10)));
+    for k in 10..13 {
+        assert!(l.block(&k, Duration::from_secs(60)));
+    }
+    assert!(!l.block(&13, Duration::from_secs(60)), "four in force");
+    assert!(
+        l.block(&1, Duration::from_secs(20)),
+        "a key under a penalty extends it"
+    );
+    clock.advance(Duration::from_secs(20));
+    // Key 1's penalty is over (not swept): key 13 takes its place; key 1 is free.
+    assert!(l.block(&13, Duration::from_secs(60)));
+    assert!(l.check(&1).is_allowed());
+    assert_eq!(l.check(&13).reason(), Reason::Blocked);
+    assert!(
+        !l.block(&14, Duration::from_secs(60)),
+        "four in force again"
+    );
+}

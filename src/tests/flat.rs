@@ -924,7 +924,10 @@ fn growth_racing_checks_loses_no_charge() {
         assert_eq!(l.stats().allowed, admitted.iter().sum::<u64>());
         assert!(l.generations().iter().all(|&g| g == 10));
         assert!(l.pass_counts().unwrap().0.is_empty());
-        if l.met_moves() > 0 && attempt >= 2 {
+        // Ten attempts at least: a lost charge needs a check to land on a slot inside the
+        // broken move's window, which a loaded machine can miss for a few attempts in a row
+        // (scripts/must-fail.sh once saw three pass).
+        if l.met_moves() > 0 && attempt >= 9 {
             println!("attempt {attempt}: {} lookups met a move", l.met_moves());
             break;
         }
