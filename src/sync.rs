@@ -126,13 +126,15 @@ impl AtomicPair {
         failure: Ordering,
     ) -> Result<(), (u64, u64)> {
         #[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
-        if std::is_x86_feature_detected!("cmpxchg16b") {
+        if portable_atomic::AtomicU128::is_lock_free() {
             // A locked instruction orders as SeqCst, stronger than any `success` / `failure`.
             let _ = (success, failure);
-            // SAFETY: the CPU has `cmpxchg16b` (just detected), so portable-atomic uses it for
-            // every other write to the pair too (and a `vmovdqa` or `cmpxchg16b` to read it,
-            // never a lock): all accesses are single 16-byte atomic instructions; the cell is
-            // 16-aligned and valid for the borrow of `self`.
+            // SAFETY: portable-atomic's 128-bit atomics are lock-free here (it says so from the
+            // same CPU detection it dispatches by; a build that makes it use its lock, such as
+            // `portable_atomic_no_outline_atomics`, says false), so on x86-64 every other
+            // access to the pair is `cmpxchg16b` too (or a `vmovdqa` load or store, never a
+            // lock): all single 16-byte atomic instructions. The cell is 16-aligned and valid
+            // for the borrow of `self`.
             return unsafe { cmpxchg16b(&self.v, current, new) };
         }
         let (current, new) = (pack(current.0, current.1), pack(new.0, new.1));
@@ -165,7 +167,7 @@ impl AtomicPair {
 /// # Safety
 ///
 /// The CPU must have `cmpxchg16b`, and every other access to `v` must be a 16-byte atomic
-/// instruction (as portable-atomic's are on such a CPU).
+/// instruction (as portable-atomic's are where its 128-bit atomics are lock-free).
 #[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
 #[inline(always)]
 unsafe fn cmpxchg16b(
@@ -236,8 +238,12 @@ impl Vmovdqa {
     pub(crate) fn detect() -> Option<Self> {
         #[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
         {
-            (std::is_x86_feature_detected!("avx") && std::is_x86_feature_detected!("cmpxchg16b"))
-                .then_some(Vmovdqa(()))
+            // Lock-free: portable-atomic uses `cmpxchg16b` itself (not its lock), so every
+            // write to a pair is a single 16-byte instruction this load can race.
+            (std::is_x86_feature_detected!("avx")
+                && std::is_x86_feature_detected!("cmpxchg16b")
+                && portable_atomic::AtomicU128::is_lock_free())
+            .then_some(Vmovdqa(()))
         }
         #[cfg(not(all(target_arch = "x86_64", not(tollgate_loom))))]
         {

@@ -348,6 +348,8 @@ fn block_and_reset_async_reach_exact_mode() {
         assert!(a.block(&m, Duration::from_secs(60)));
         let d = a.check_in_async(&m, free, 1).await.unwrap();
         assert_eq!(d.reason(), Reason::Blocked);
+        // A synchronous call meets the penalty too (the policy, Closed, would say Limited).
+        assert_eq!(a.check_in(&m, free, 1).unwrap().reason(), Reason::Blocked);
         assert!(d.retry_after() > Duration::from_secs(59), "{d:?}");
         assert!(!a.peek_in_async(&m, free, 1).await.unwrap().is_allowed());
         assert!(b.check_in_async(&m, free, 1).await.unwrap().is_allowed());

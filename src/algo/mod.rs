@@ -4,8 +4,10 @@
 //! request is admitted, the next state. No atomics, no clock, no allocation: integer arithmetic
 //! on nanoseconds, fuzzed and property-tested against reference models with no threads.
 //!
-//! Preconditions the limiter guarantees before calling: `1 <= cost <= rule.capacity - headroom`,
-//! and `now < 2^63` (292 years of uptime), so every sum below fits a u64.
+//! Preconditions the limiter guarantees before calling: `cost <= rule.capacity - headroom`, and
+//! `now < 2^63` (292 years of uptime), so every sum below fits a u64. A call's cost is at least
+//! 1; cost 0 is the limiter's own report of what a state holds (`Decision::held`: `remaining`
+//! and `reset_after` as they are, nothing charged).
 
 pub(crate) mod fixed;
 pub(crate) mod gcra;

@@ -997,6 +997,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             }
             merged.merge(&d);
         }
+        // A request a soft limit let through stays one (its response still says so).
+        if detailed.decision.reason == Reason::SoftLimit {
+            merged.reason = Reason::SoftLimit;
+        }
         detailed.decision = merged;
         detailed.now = now;
     }

@@ -214,7 +214,10 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
         }
         if let Some(sh) = &self.shared {
             let rules = self.book.current().rules.clone();
-            any |= sh.forget(key, self.key_hash(key), &rules).await?;
+            let (now, epoch) = (self.clock.now(), self.clock.unix_epoch_ns());
+            any |= sh
+                .forget(key, self.key_hash(key), &rules, now, epoch)
+                .await?;
         }
         Ok(any)
     }

@@ -1459,6 +1459,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         }
         #[cfg(feature = "redis")]
         if let Some(x) = &self.exact {
+            // A penalty is this process's: it denies before anything else.
+            if let Some(out) = self.blocked(key, hash, plan, now) {
+                let mut d = out.decision;
+                self.settle(plan, &mut d, 0, mode);
+                return Ok(d);
+            }
             // Exact mode decides on Redis, which a synchronous call cannot wait for: the
             // failure policy answers, as the plan's script would while Redis is out of reach.
             let mut d = x.sync_answer(key, plan_id, cost, mode)?;

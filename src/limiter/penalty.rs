@@ -19,6 +19,10 @@ pub(crate) struct Penalties<K> {
     filter: [AtomicU64; FILTER_WORDS],
     /// Entries of `map`, for [`Penalties::len`] without the lock.
     len: AtomicUsize,
+    /// The earliest deadline in `map` (or earlier: a removal leaves it), `u64::MAX` when
+    /// empty: a `block` at the cap looks for penalties that are over only when one can be.
+    /// Written under the map's write lock.
+    earliest: AtomicU64,
     /// The most keys under a penalty at once.
     max: usize,
     /// Hashes keys for the filter where the store does not (the dash store).
@@ -38,6 +42,7 @@ impl<K: Hash + Eq + Clone> Penalties<K> {
             map: RwLock::new(HashMap::with_hasher(crate::store::random_state())),
             filter: std::array::from_fn(|_| AtomicU64::new(0)),
             len: AtomicUsize::new(0),
+            earliest: AtomicU64::new(u64::MAX),
             max,
             hasher: crate::store::random_state(),
         }
@@ -75,12 +80,15 @@ impl<K: Hash + Eq + Clone> Penalties<K> {
     /// make room first, as a sweep would drop them).
     pub(crate) fn block(&self, hash: u64, key: &K, now: u64, until: u64) -> bool {
         let mut map = sync::write(&self.map);
-        if map.len() >= self.max && !map.contains_key(key) {
+        // Relaxed (`earliest`, `len`): written under the write lock we hold.
+        if map.len() >= self.max
+            && self.earliest.load(Ordering::Relaxed) <= now
+            && !map.contains_key(key)
+        {
             // Their filter bits stay until the next sweep: a check that reads one finds no
             // entry, or one that is over, and is not blocked.
             map.retain(|_, &mut (_, until)| until > now);
-            // Relaxed: see `len`.
-            self.len.store(map.len(), Ordering::Relaxed);
+            self.settle(&map);
         }
         let full = map.len() >= self.max;
         match map.get_mut(key) {
@@ -88,8 +96,9 @@ impl<K: Hash + Eq + Clone> Penalties<K> {
             None if full => return false,
             None => {
                 map.insert(key.clone(), (hash, until));
-                // Relaxed: see `len`.
                 self.len.store(map.len(), Ordering::Relaxed);
+                let earliest = self.earliest.load(Ordering::Relaxed).min(until);
+                self.earliest.store(earliest, Ordering::Relaxed);
             }
         }
         let (w, b) = bit(hash);
@@ -127,9 +136,17 @@ impl<K: Hash + Eq + Clone> Penalties<K> {
             // Relaxed: see `maybe`. A bit cleared here belongs to no key under a penalty.
             f.store(b, Ordering::Relaxed);
         }
-        // Relaxed: see `len`.
-        self.len.store(map.len(), Ordering::Relaxed);
+        self.settle(&map);
         before - map.len()
+    }
+
+    /// After entries left `map` (under its write lock): its length and earliest deadline.
+    fn settle(&self, map: &HashMap<K, (u64, u64), ahash::RandomState>) {
+        let earliest = map.values().map(|&(_, until)| until).min();
+        // Relaxed: see `len` and `earliest`.
+        self.len.store(map.len(), Ordering::Relaxed);
+        self.earliest
+            .store(earliest.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// Keys under a penalty (or whose penalty is over but not yet swept).

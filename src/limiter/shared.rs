@@ -46,6 +46,9 @@ pub(crate) struct Shared<K> {
     sync: Reconciler,
     prefix: String,
     policy: FailurePolicy,
+    /// Held by a round for its whole length and by [`forget`](Self::forget): units a round has
+    /// taken are pushed before a forget deletes the key, never after.
+    rounds: tokio::sync::Mutex<()>,
 }
 
 impl<K: Hash + Eq + Clone> Shared<K> {
@@ -58,6 +61,7 @@ impl<K: Hash + Eq + Clone> Shared<K> {
             sync: Reconciler::new(Link::new(target), Breaker::new(cfg.breaker), cfg.deadline),
             prefix: cfg.prefix,
             policy: cfg.policy,
+            rounds: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -90,16 +94,38 @@ impl<K: Hash + Eq + Clone> Shared<K> {
         None
     }
 
-    /// Forgets `key` on Redis and here: its global state under each of `rules` (deleted) and
-    /// the units it has not pushed yet. True if Redis held any of them.
-    pub(crate) async fn forget(&self, key: &K, hash: u64, rules: &[Rule]) -> Result<bool, Error> {
-        let mut names = Vec::with_capacity(rules.len());
+    /// Forgets `key` on Redis and here: its global state under each of `rules` (deleted: a
+    /// bucket's one key; a window rule's counters of the windows around `now`, local time of a
+    /// clock whose epoch is `unix_epoch_ns`) and the units it has not pushed yet. After any round
+    /// in flight, so nothing it took is pushed back after the deletion. True if Redis held any
+    /// of them.
+    pub(crate) async fn forget(
+        &self,
+        key: &K,
+        hash: u64,
+        rules: &[Rule],
+        now: u64,
+        unix_epoch_ns: u64,
+    ) -> Result<bool, Error> {
+        let _round = self.rounds.lock().await;
+        let mut names = Vec::with_capacity(rules.len() * 3);
         for (id, rule) in rules.iter().enumerate() {
             for h in track_slots(hash) {
                 self.tracks
                     .remove_if(&(h, id as RuleId), |_, e| e.key == *key);
             }
-            names.push(self.redis_key(key, rule));
+            let name = self.redis_key(key, rule);
+            if rule.kind == Kind::Gcra {
+                names.push(name);
+            } else {
+                // As a round names them (see `Reconciler::command`): the Unix window ids of the
+                // previous, current and next local windows (a clock a little ahead).
+                let offset = unix_epoch_ns / rule.period;
+                let w = track::window(rule, now) + offset;
+                for unix in [w.saturating_sub(1), w, w + 1] {
+                    names.push(format!("{name}:{unix}"));
+                }
+            }
         }
         crate::redis::link::delete(&self.sync.link, self.sync.deadline, &names)
             .await
@@ -288,6 +314,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let (Some(sh), Map::Flat(s)) = (&self.shared, &self.store) else {
             return;
         };
+        let _round = sh.rounds.lock().await;
         let now = self.clock.now();
         let gate = sh.sync.breaker.gate(now);
         if gate == Gate::Shut {

@@ -865,9 +865,13 @@ impl<C: Clock> RedisLimiter<C> {
                     .as_ref()
                     .and_then(|l| {
                         let key = key.to_string();
+                        let plan = l.plan("default")?;
                         match call {
-                            Call::Peek(_) => l.peek_in(&key, l.plan("default")?, cost).ok(),
-                            _ => l.check_n(&key, cost).ok(),
+                            Call::Peek(_) => l.peek_in(&key, plan, cost).ok(),
+                            Call::Reserve(max) => l
+                                .reserve_in(&key, plan, cost, Duration::from_nanos(max))
+                                .ok(),
+                            Call::Check => l.check_n(&key, cost).ok(),
                         }
                     })
                     .unwrap_or(Decision {
@@ -912,9 +916,12 @@ pub(crate) fn hash_tag(key: &str) -> std::borrow::Cow<'_, str> {
 
 /// True for an error that concerns one key's contents, not the server's health: a value of the
 /// wrong type (`WRONGTYPE`, from Redis) or of a shape this limiter never writes (the script's
-/// own `TOLLGATE_FOREIGN`, raised before it writes anything): another program's data.
+/// own `TOLLGATE_FOREIGN`): another program's data. Read from the message, where both servers
+/// put it (Redis 7 replies `WRONGTYPE ...` and `ERR user_script:N: TOLLGATE_FOREIGN ...`;
+/// Redis 6 wraps either in `ERR Error running script ...`).
 fn key_local(e: &::redis::RedisError) -> bool {
-    matches!(e.code(), Some("WRONGTYPE" | "TOLLGATE_FOREIGN"))
+    let msg = e.to_string();
+    msg.contains("WRONGTYPE") || msg.contains("TOLLGATE_FOREIGN")
 }
 
 impl std::fmt::Debug for Common {

@@ -64,7 +64,8 @@ end
 -- Another program's data at a key (a value this limiter never writes): abort before anything is
 -- written, with an error the client answers for that key alone by its policy.
 local function foreign(key)
-  error({err = 'TOLLGATE_FOREIGN ' .. key})
+  -- A string, not an error table: Redis 6 cannot report a table raised from a script.
+  error('TOLLGATE_FOREIGN ' .. key)
 end
 -- The numbers of a state string matching `pat`, each at most `len` digits (a state this limiter
 -- wrote), else foreign.
@@ -94,8 +95,11 @@ end
 const GCRA: &str = r#"
 local function decide_g(keys, a)
   local raw = redis.call('GET', keys[1])
-  -- A TAT in ns: at most 19 digits (the year 2286 has 19).
-  if raw then parts(keys[1], raw, '^(%d+)$', 19) end
+  -- A TAT in ns: a u64 (reservations far ahead can reach 20 digits).
+  if raw then
+    parts(keys[1], raw, '^(%d+)$', 20)
+    if #raw == 20 and raw > '18446744073709551615' then foreign(keys[1]) end
+  end
   local th, tl = big(raw)
   local bh, bl = th, tl
   if le(th, tl, NH, NL) then bh, bl = NH, NL end
@@ -200,6 +204,8 @@ local function decide_l(keys, a)
     redis.call('LPOP', keys[1])
     used = used - s2
   end
+  -- A total lost without its list (evicted, deleted) must not go negative.
+  if used < 0 then used = 0 end
   if used > 0 then
     redis.call('SET', keys[2], used, 'KEEPTTL')
   else

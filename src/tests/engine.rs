@@ -752,7 +752,7 @@ fn refunded_parts_report_their_reset_without_the_charge() {
     let clock = FakeClock::new();
     let hourly = Quota::per_hour(2); // T = 30 min
     let window = Quota::per_second(1).algorithm(Algorithm::FixedWindow);
-    let log = Quota::per_hour(1).algorithm(Algorithm::SlidingWindowLog);
+    let log = Quota::per_minute(1).algorithm(Algorithm::SlidingWindowLog);
     // Two word parts take the short path; with a log part the general one.
     for quotas in [vec![hourly, window], vec![hourly, window, log]] {
         let mut b = Limiter::<u64>::builder().clock(clock.clone());
@@ -762,16 +762,11 @@ fn refunded_parts_report_their_reset_without_the_charge() {
         let l = b.build().unwrap();
         assert!(l.check(&1).is_allowed());
         // The bucket admits (and would owe 60 min), the window denies: the bucket is refunded
-        // and owes the 30 min of the first request.
+        // and owes the 30 min of the first request (the log, peeked, a minute).
         let d = l.check(&1);
         assert!(!d.is_allowed());
-        let expect = if quotas.len() == 3 { 3_600 } else { 1_800 };
-        assert_eq!(
-            d.reset_after(),
-            Duration::from_secs(expect),
-            "{} parts",
-            quotas.len()
-        );
+        let parts = quotas.len();
+        assert_eq!(d.reset_after(), Duration::from_secs(1_800), "{parts} parts");
         assert_eq!(d.remaining(), 0);
     }
     let bucket = limiter::<u64>(hourly, &clock);
@@ -781,11 +776,44 @@ fn refunded_parts_report_their_reset_without_the_charge() {
     let d = check_all(&parts, 1).unwrap();
     assert!(!d.is_allowed());
     assert_eq!(d.reset_after(), Duration::from_secs(1_800));
+    let left = bucket.peek(&9);
     assert_eq!(
-        bucket.peek(&9).remaining(),
-        0,
-        "1 held, minus the peeked unit"
+        (left.is_allowed(), left.remaining()),
+        (true, 0),
+        "1 held: refunded"
     );
+}
+
+/// `check_all` of three parts denied by the middle one: the first, charged and refunded,
+/// reports what it holds (its reset is the one unit it holds); the last, never charged, is
+/// peeked; the wait is the denying part's.
+#[test]
+fn check_all_denied_in_the_middle_reports_each_part_as_it_is() {
+    let clock = FakeClock::new();
+    let a = limiter::<u64>(Quota::per_minute(2), &clock); // T = 30 s
+    let b = limiter::<u64>(Quota::per_second(1), &clock);
+    let c = limiter::<u64>(Quota::per_second(5), &clock);
+    let parts = [&a.key(&1) as &dyn crate::Part, &b.key(&1), &c.key(&1)];
+    assert!(check_all(&parts, 1).unwrap().is_allowed());
+    let d = check_all(&parts, 1).unwrap();
+    assert!(!d.is_allowed());
+    // Charged, `a` would be 60 s from full; refunded it holds one unit: 30 s.
+    assert_eq!(d.reset_after(), Duration::from_secs(30));
+    assert_eq!(d.retry_after(), Duration::from_secs(1));
+    assert_eq!(d.remaining(), 0);
+    let left = a.peek(&1);
+    assert_eq!(
+        (left.is_allowed(), left.remaining()),
+        (true, 0),
+        "a refunded"
+    );
+    assert_eq!(
+        c.peek(&1).remaining(),
+        3,
+        "c never charged for the denied call"
+    );
+    clock.advance(Duration::from_secs(1));
+    assert!(check_all(&parts, 1).unwrap().is_allowed());
 }
 
 /// A report of cost 0 of an empty window is full already: no reset to wait for.
