@@ -60,7 +60,17 @@ pub(crate) fn reserve(
     let t = rule.emission;
     let tau = rule.tolerance - headroom * t;
     let base = tat.max(now);
-    let new_tat = base.saturating_add(cost * t);
+    let Some(new_tat) = base.checked_add(cost * t) else {
+        // A queue reaching past the end of time (u64 ns): no moment can be reserved, and a
+        // saturated TAT would hand the same moment out again and again. Never, as a denial.
+        let debt = base - now;
+        return Step::deny(
+            rule.capacity,
+            remaining(tau, debt, rule),
+            debt,
+            u64::MAX - now,
+        );
+    };
     let conform = new_tat.saturating_sub(tau);
     let delay = conform.saturating_sub(now);
     if delay <= max_delay_ns {

@@ -861,3 +861,35 @@ fn penalties_that_are_over_do_not_count_toward_the_cap() {
         "four in force again"
     );
 }
+
+/// A queue that reaches past the end of time (`u64` ns) reserves nothing there: the moments
+/// handed out never repeat, so the bucket never admits above its burst (a saturated sum once
+/// gave the same moment to every later reservation).
+#[test]
+fn reservations_past_the_end_of_time_are_denied() {
+    let l: Limiter<u64, _> = Limiter::builder()
+        .quota(Quota::new(1, Quota::MAX_PERIOD).burst(1))
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    let mut moments = Vec::new();
+    for _ in 0..6 {
+        let d = l.reserve(&1, 1, Duration::MAX).unwrap();
+        if d.is_allowed() {
+            moments.push(d.delay());
+        } else {
+            assert!(
+                d.retry_after() > Duration::from_secs(100 * 365 * 86_400),
+                "{d:?}"
+            );
+        }
+    }
+    let mut distinct = moments.clone();
+    distinct.dedup();
+    assert_eq!(distinct, moments, "a moment handed out twice: {moments:?}");
+    assert!(moments.len() >= 2, "{moments:?}");
+    let period = Duration::from_nanos(moments[1].as_nanos() as u64);
+    for w in moments.windows(2) {
+        assert!(w[1] - w[0] >= period, "closer than one unit: {moments:?}");
+    }
+}
