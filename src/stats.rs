@@ -30,7 +30,8 @@ pub struct Stats {
     pub keys: u64,
     /// Keys evicted to make room for new ones (only ever fresh ones).
     pub evictions: u64,
-    /// Sweep steps run.
+    /// Sweep steps run: calls of [`Limiter::sweep_once`](crate::Limiter::sweep_once) (and
+    /// `sweep_now`, the sweeper's steps, housekeeping's), whatever number of shards each visits.
     pub sweeps: u64,
     /// Keys removed by sweeping.
     pub swept: u64,
@@ -512,8 +513,16 @@ impl Counters {
         self.evictions_by_rule[usize::from(rule)].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn swept(&self, removed: usize) {
+    /// One sweep step ([`Limiter::sweep_once`](crate::Limiter::sweep_once), however many
+    /// shards it visits).
+    pub(crate) fn sweep_step(&self) {
+        // Relaxed: a statistic.
         self.sweeps.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// States a sweep removed from one shard.
+    pub(crate) fn swept(&self, removed: usize) {
+        // Relaxed: a statistic.
         self.swept.fetch_add(removed as u64, Ordering::Relaxed);
     }
 

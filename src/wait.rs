@@ -5,7 +5,7 @@ use std::hash::Hash;
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::decision::Decision;
+use crate::decision::{Decision, Reason};
 use crate::error::Error;
 use crate::limiter::{Limiter, PlanId};
 
@@ -35,8 +35,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// to wait), or the denial when that is impossible within `max_wait` (nothing charged).
     ///
     /// Bucket algorithms reserve a slot at once ([`reserve_in`](Self::reserve_in)) and sleep
-    /// until it; window algorithms cannot schedule ahead, so they sleep until the denial's
-    /// `retry_after` and try again while the deadline allows. Time passes on tokio's timer
+    /// until it, or are denied at once when the first free slot lies past the deadline (waiting
+    /// moves the slot no nearer); window algorithms cannot schedule ahead, so they sleep until
+    /// the denial's `retry_after` and try again while the deadline allows (as does a key under a
+    /// penalty). Time passes on tokio's timer
     /// (needs a tokio runtime with time enabled); the deadline is measured there too, so a
     /// [`FakeClock`](crate::FakeClock) that never moves cannot make it wait forever.
     /// `Duration::MAX` (or any wait past the timer's range) means no deadline.
@@ -47,6 +49,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, Error> {
+        // Every part a bucket: a reservation's denial is final (its slot is past the deadline
+        // however long we wait).
+        let schedules = self.schedules(plan)?;
         // A wait too long for the timer's instants (`Duration::MAX`) has no deadline.
         let deadline = tokio::time::Instant::now().checked_add(max_wait);
         loop {
@@ -61,7 +66,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 return Ok(d);
             }
             let retry = d.retry_after();
-            if retry.is_zero() || retry > left {
+            if retry.is_zero() || retry > left || (schedules && d.reason() == Reason::Limited) {
                 return Ok(d);
             }
             tokio::time::sleep(retry).await;

@@ -76,3 +76,29 @@ async fn until_ready_with_no_deadline() {
         .unwrap();
     assert!(d.is_allowed());
 }
+
+/// A bucket whose first free slot lies past the deadline is denied at once: waiting brings the
+/// slot no nearer (it once slept out most of the patience before saying so). Paused tokio time:
+/// the elapsed time is exact.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_bucket_past_the_deadline_is_denied_at_once() {
+    let limiter = Limiter::<&str>::builder()
+        .quota(Quota::per_second(10).burst(1))
+        .build()
+        .unwrap();
+    assert!(limiter.check(&"job").is_allowed());
+    // The next slot, 100 ms away, taken: the first free one is 200 ms away.
+    assert!(
+        limiter
+            .reserve(&"job", 1, Duration::from_secs(1))
+            .unwrap()
+            .is_allowed()
+    );
+    let start = tokio::time::Instant::now();
+    let d = limiter
+        .until_ready(&"job", Duration::from_millis(150))
+        .await
+        .unwrap();
+    assert!(!d.is_allowed());
+    assert_eq!(start.elapsed(), Duration::ZERO, "denied without sleeping");
+}

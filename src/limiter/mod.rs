@@ -503,7 +503,8 @@ impl<K, C: std::fmt::Debug> std::fmt::Debug for Builder<K, C> {
 /// under it: a part whose quota changed starts, for each key, from the key's state under the
 /// part's previous quota, carried over lazily on the key's next call (a bucket keeps its debt in
 /// units, re-measured in the new emission interval and capped at the new burst; a window keeps
-/// its counts; a log keeps its entries; a part whose algorithm changes starts fresh). The carry
+/// its counts; a log keeps its entries; a part whose algorithm changes starts fresh, except
+/// between the token and the leaky bucket, one automaton, which keep the debt). The carry
 /// is a copy, made once, only along a plan's own changes: two live plans never carry state into
 /// each other.
 ///
@@ -1092,6 +1093,18 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         self.decide(key, plan, cost, Mode::Reserve(nanos(max_delay)))
     }
 
+    /// Whether every part of `plan` is a bucket, which schedules reservations ahead (windows
+    /// admit now or deny).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn schedules(&self, plan: PlanId) -> Result<bool, Error> {
+        let book = self.book.current();
+        let plan = book.get(plan)?;
+        Ok(plan
+            .parts
+            .iter()
+            .all(|p| p.rule.kind == crate::quota::Kind::Gcra))
+    }
+
     /// The plan called `name`.
     pub fn plan(&self, name: &str) -> Option<PlanId> {
         self.book.current().by_name.get(name).copied()
@@ -1341,6 +1354,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         // otherwise find a fresh state where the removed one still counted.
         let fresh = self.fresh(self.book.current(), now, false);
         self.penalties.sweep(fresh.now);
+        self.counters.sweep_step();
         let removed = on_store!(&self.store, s => sweep::sweep_once(s, &self.sweep_cursor, fresh, budget, |r| {
             self.counters.swept(r)
         })

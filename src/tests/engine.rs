@@ -893,3 +893,27 @@ fn reservations_past_the_end_of_time_are_denied() {
         assert!(w[1] - w[0] >= period, "closer than one unit: {moments:?}");
     }
 }
+
+/// `Stats::sweeps` counts sweep steps, one per `sweep_once` / `sweep_now` call, whatever number
+/// of shards each visits; `swept` the states they removed.
+#[test]
+fn sweeps_count_steps_not_shards() {
+    let clock = FakeClock::new();
+    let l: Limiter<u64, _> = Limiter::builder()
+        .quota(Quota::per_second(1))
+        .shards(4)
+        .housekeeping(false)
+        .sweep_grace(Duration::ZERO)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for k in 0..10 {
+        let _ = l.check(&k);
+    }
+    assert_eq!(l.sweep_now(), 0);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(l.sweep_now(), 10);
+    let _ = l.sweep_once(1);
+    let st = l.stats();
+    assert_eq!((st.sweeps, st.swept), (3, 10));
+}
