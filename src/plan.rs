@@ -250,7 +250,7 @@ pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
 impl PlanConfig {
     /// Parses a TOML document.
     pub fn parse(src: &str) -> Result<PlanConfig, Error> {
-        let file: File = toml::from_str(src).map_err(|e| toml_error(src, &e))?;
+        let file: File = from_toml(src)?;
         Self::from_tables(src, file.plans)
     }
 
@@ -262,7 +262,7 @@ impl PlanConfig {
         struct Loose {
             plans: std::collections::BTreeMap<String, Spanned<RawPlan>>,
         }
-        let file: Loose = toml::from_str(src).map_err(|e| toml_error(src, &e))?;
+        let file: Loose = from_toml(src)?;
         Self::from_tables(src, file.plans)
     }
 
@@ -417,10 +417,41 @@ impl Ctx<'_> {
     }
 }
 
-/// A toml parse error as a config error with its line.
-/// A TOML or type error as a config error: its line, the dotted path of the field it is in
-/// (`plans.free.window`), and what the field accepts, in words rather than serde's type names.
-pub(crate) fn toml_error(src: &str, e: &toml::de::Error) -> Error {
+/// Deserializes a TOML document; every mistake is an [`Error::Config`] naming the line and the
+/// exact dotted path of the field (`plans.pro.limits[1].burst`), however the document spells
+/// it (dotted keys, inline tables, arrays over several lines).
+pub(crate) fn from_toml<T: serde::de::DeserializeOwned>(src: &str) -> Result<T, Error> {
+    let de = toml::Deserializer::parse(src).map_err(|e| toml_error(src, &e, None))?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = field_path(e.path());
+        toml_error(src, e.inner(), Some(path).filter(|p| !p.is_empty()))
+    })
+}
+
+/// The dotted path of a field as a reader writes it: map keys joined by `.`, array items as
+/// `[i]`, without the wrappers that carry spans.
+fn field_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                if key.starts_with("$__") {
+                    continue;
+                }
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            Segment::Unknown => {}
+        }
+    }
+    out
+}
+
+fn toml_error(src: &str, e: &toml::de::Error, field: Option<String>) -> Error {
     let message = e.message().trim();
     let message = if message.contains("untagged enum RawDuration") {
         "expected a duration: whole seconds (60) or text (\"1m30s\", \"1.5s\", \"1h 30m\")"
@@ -430,46 +461,12 @@ pub(crate) fn toml_error(src: &str, e: &toml::de::Error) -> Error {
             .replace("expected i64", "expected an integer")
             .replace("expected a sequence", "expected a list")
     };
-    let Some(span) = e.span() else {
-        return Error::Config {
-            line: None,
-            message,
-        };
-    };
-    let message = match field_at(src, span.start) {
+    let message = match field {
         Some(field) => format!("{field}: {message}"),
         None => message,
     };
     Error::Config {
-        line: Some(line_of(src, span.start)),
+        line: e.span().map(|span| line_of(src, span.start)),
         message,
     }
-}
-
-/// The dotted path of the `key = value` line holding byte `at`: the nearest table header above
-/// it and the line's own (possibly dotted) key. `None` when the line is not a key/value pair.
-fn field_at(src: &str, at: usize) -> Option<String> {
-    let at = at.min(src.len());
-    let start = src[..at].rfind('\n').map_or(0, |i| i + 1);
-    let line = src[start..].lines().next().unwrap_or("");
-    let (key, _) = line.split_once('=')?;
-    let key = key.trim().trim_matches('"');
-    if key.is_empty() || key.starts_with('[') || key.starts_with('#') {
-        return None;
-    }
-    let header = src[..start].lines().rev().find_map(|l| {
-        let l = l.trim();
-        l.starts_with('[').then(|| {
-            l.trim_start_matches('[')
-                .split(']')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_string()
-        })
-    });
-    Some(match header {
-        Some(h) if !h.is_empty() => format!("{h}.{key}"),
-        _ => key.to_string(),
-    })
 }

@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::Full;
-use http_support::{client_from, get as get_req, send, serve};
+use http_support::{client_from, get as get_req, send, serve, serve_without_connect_info};
 use tollgate::FakeClock;
 use tollgate::http::{ClientKey, HttpConfig, HttpKey, RateLimitLayer};
 
@@ -295,6 +295,138 @@ exempt_keys = ["k-monitor"]
     }
     let r = get_req(&other, addr, "/", &[("x-api-key", "k-user")]).await;
     assert_eq!(r.num("x-ratelimit-remaining"), 1);
+}
+
+/// A local proxy and a local monitor share one exempt network. A remote client behind the proxy
+/// whose forwarding header the walk cannot finish (65 hops of its own, or an unterminated
+/// quote) must not borrow the proxy's exemption: it is charged like anyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_the_walk_cannot_read_never_borrows_the_proxys_exemption() {
+    let clock = FakeClock::new();
+    for (header, value, client) in [
+        (
+            "x-forwarded-for",
+            // 65 hops the client wrote, and the one the proxy appended: the client.
+            format!("{}198.51.100.9", "203.0.113.1, ".repeat(65)),
+            Some("198.51.100.9"),
+        ),
+        (
+            "x-forwarded-for",
+            // 65 trusted proxies in a row: more than MAX_HOPS, malformed.
+            format!("198.51.100.9{}", ", 127.0.0.1".repeat(65)),
+            None,
+        ),
+        ("forwarded", "for=\"198.51.100.9".to_string(), None),
+    ] {
+        let src = format!(
+            r#"
+[plans.free]
+limit = 3
+window = "1h"
+
+[http]
+trusted_proxies = ["127.0.0.1"]
+forwarded_header = "{}"
+exempt = ["127.0.0.1"]
+"#,
+            if header == "forwarded" {
+                "forwarded"
+            } else {
+                "x-forwarded-for"
+            }
+        );
+        let layer = layer(&src, &clock);
+        let addr = serve(app(layer.clone())).await;
+        let proxy = client_from("127.0.0.1");
+        let mut passed = 0;
+        for _ in 0..50 {
+            let r = get_req(&proxy, addr, "/", &[(header, value.as_str())]).await;
+            if r.status == StatusCode::OK {
+                assert_eq!(r.num("x-ratelimit-limit"), 3, "{value:?}");
+                passed += 1;
+            } else {
+                assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{value:?}");
+            }
+        }
+        assert_eq!(passed, 3, "{header}: {value:?}");
+        assert!(
+            layer.metrics().contains("tollgate_http_exempt_total 0\n"),
+            "{}",
+            layer.metrics()
+        );
+        // The client the walk found, or (malformed) the proxy's own address, as a request
+        // through the proxy without the header is keyed.
+        let charged = ip(client.unwrap_or("127.0.0.1"));
+        assert!(
+            !layer.limiter().peek(&own(charged)).is_allowed(),
+            "{value:?}"
+        );
+        assert_eq!(layer.limiter().len(), 1);
+    }
+    // A request through the proxy without the header is still exempt (the monitor).
+    let src = "[plans.free]\nlimit = 3\nwindow = \"1h\"\n[http]\ntrusted_proxies = [\"127.0.0.1\"]\nexempt = [\"127.0.0.1\"]\n";
+    let layer = layer(src, &clock);
+    let addr = serve(app(layer.clone())).await;
+    for _ in 0..5 {
+        let r = get_req(&client_from("127.0.0.1"), addr, "/", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.header("x-ratelimit-limit"), None);
+    }
+    assert_eq!(layer.limiter().len(), 0);
+}
+
+/// `axum::serve(listener, app)` without connect info: no silent bucket for everyone, but a
+/// 500 that names the fix, on every request; `on_bad_key = "shared"` is the explicit way to
+/// have that one bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_connect_info_is_a_500_naming_the_fix() {
+    let clock = FakeClock::new();
+    let src = "[plans.free]\nlimit = 2\nwindow = \"1h\"\n";
+    for on_bad_key in ["", "[http]\non_bad_key = \"reject\"\n"] {
+        let layer = layer(&format!("{src}{on_bad_key}"), &clock);
+        let addr = serve_without_connect_info(app(layer.clone())).await;
+        for local in ["127.0.0.1", "127.0.0.2", "127.0.0.1"] {
+            let r = get_req(&client_from(local), addr, "/", &[]).await;
+            assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{on_bad_key}");
+            let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+            assert!(
+                body["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("into_make_service_with_connect_info"),
+                "{body}"
+            );
+        }
+        assert_eq!(layer.limiter().len(), 0);
+        assert!(
+            layer
+                .metrics()
+                .contains("tollgate_http_internal_errors_total 3\n"),
+            "{}",
+            layer.metrics()
+        );
+    }
+    // The explicit choice: one bucket for every request.
+    let layer = layer(&format!("{src}[http]\non_bad_key = \"shared\"\n"), &clock);
+    let addr = serve_without_connect_info(app(layer.clone())).await;
+    let mut statuses = Vec::new();
+    for local in ["127.0.0.1", "127.0.0.2", "127.0.0.3"] {
+        statuses.push(get_req(&client_from(local), addr, "/", &[]).await.status);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert!(
+        !layer
+            .limiter()
+            .peek(&own(ClientKey::Unidentified))
+            .is_allowed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

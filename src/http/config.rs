@@ -250,7 +250,7 @@ impl HttpConfig {
     /// [`Error::Config`] naming the field and its line.
     pub fn parse(src: &str) -> Result<HttpConfig, Error> {
         let plans = PlanConfig::parse_plans_section(src)?;
-        let file: RawFile = toml::from_str(src).map_err(|e| crate::plan::toml_error(src, &e))?;
+        let file: RawFile = crate::plan::from_toml(src)?;
         let mut config = HttpConfig::new(plans.into_plans());
         if let Some(http) = file.http {
             Ctx { src }.apply(&mut config, http)?;

@@ -22,8 +22,9 @@ use crate::ip::client_ip_key;
 /// must not make the limiter store megabyte keys).
 pub const MAX_KEY_LEN: usize = 256;
 
-/// Hops read from forwarding headers at most; a longer chain is malformed (bounds the work a
-/// hostile header can cause).
+/// Trusted proxies the walk passes at most: a chain with more trusted hops in a row (a loop,
+/// or a misconfigured trust list) is malformed. Hops left of the first untrusted one are never
+/// read, so a client cannot make a request malformed by prepending hops of its own.
 pub const MAX_HOPS: usize = 64;
 
 /// Who a request is from, as far as the limiter is concerned.
@@ -79,7 +80,8 @@ pub enum KeyError {
     /// up with connect info).
     NoPeer,
     /// A forwarding header from a trusted proxy holds a hop that is not an address (garbage,
-    /// `unknown`, an obfuscated `_node`), or more than [`MAX_HOPS`] hops.
+    /// `unknown`, an obfuscated `_node`) where the walk reads it, or more than [`MAX_HOPS`]
+    /// trusted hops in a row.
     MalformedForwarded,
     /// The API key header is missing.
     NoApiKey,
@@ -116,13 +118,16 @@ impl std::error::Error for KeyError {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OnBadKey {
-    /// Key it by its peer address (folded); with no peer address either, as
-    /// [`Shared`](Self::Shared). The default.
+    /// Key it by its peer address (folded). The default. With no peer address either (a server
+    /// not set up with connect info), the layer answers 500 naming the fix and warns once in
+    /// the log: one bucket for every client would let one client deny all the others.
     #[default]
     Peer,
-    /// Put every such request in one shared bucket ([`ClientKey::Unidentified`]).
+    /// Put every such request in one shared bucket ([`ClientKey::Unidentified`]), including
+    /// every request when the server passes no peer address: the explicit choice of one bucket.
     Shared,
-    /// Answer 400 Bad Request with a JSON body naming the problem.
+    /// Answer 400 Bad Request with a JSON body naming the problem (500 for a missing peer
+    /// address, as under [`Peer`](Self::Peer): the server's set-up, not the client's doing).
     Reject,
 }
 
@@ -407,15 +412,15 @@ fn is_port(p: &str) -> bool {
 /// ```
 pub fn client_ip(peer: IpAddr, hops: &[Hop], trusted: &TrustedProxies) -> Result<IpAddr, KeyError> {
     let mut current = fold(peer);
-    if !trusted.contains(current) {
-        return Ok(current);
-    }
-    if hops.len() > MAX_HOPS {
-        return Err(KeyError::MalformedForwarded);
-    }
-    for hop in hops.iter().rev() {
+    // Right to left: each hop was written by the proxy `current` names, so it is believed
+    // only while `current` is trusted. What lies left of the first untrusted address was
+    // written by the client and is never read, however long or malformed it is.
+    for (walked, hop) in hops.iter().rev().enumerate() {
         if !trusted.contains(current) {
             return Ok(current);
+        }
+        if walked == MAX_HOPS {
+            return Err(KeyError::MalformedForwarded);
         }
         match hop {
             Hop::Ip(ip) => current = fold(*ip),
@@ -474,9 +479,6 @@ pub(crate) fn walk_headers(
             _ => parse_x_forwarded_for(value.as_bytes()),
         };
         hops.extend(more);
-        if hops.len() > MAX_HOPS {
-            return Err(KeyError::MalformedForwarded);
-        }
     }
     client_ip(peer, &hops, trusted)
 }
@@ -616,12 +618,17 @@ mod tests {
             client_ip(ip("::ffff:10.0.0.1"), &[Ip(ip("::ffff:192.0.2.9"))], &t),
             Ok(ip("192.0.2.9"))
         );
-        // Too many hops from a trusted peer.
+        // Too many trusted hops in a row from a trusted peer.
         let long = vec![Ip(ip("10.0.0.3")); MAX_HOPS + 1];
         assert_eq!(
             client_ip(peer, &long, &t),
             Err(KeyError::MalformedForwarded)
         );
+        assert_eq!(client_ip(peer, &long[1..], &t), Ok(ip("10.0.0.3")));
+        // Any number of client-written hops left of the client: never read.
+        let mut padded = vec![Invalid; MAX_HOPS + 1];
+        padded.push(Ip(ip("192.0.2.7")));
+        assert_eq!(client_ip(peer, &padded, &t), Ok(ip("192.0.2.7")));
         // An untrusted peer: never an error, whatever the hops.
         assert_eq!(client_ip(ip("192.0.2.5"), &long, &t), Ok(ip("192.0.2.5")));
     }

@@ -179,6 +179,12 @@ struct CompiledRule {
     policies: HashMap<PlanId, Policy>,
 }
 
+/// The answer to a server that does not pass the peer address, and the fix.
+const NO_PEER_FIX: &str = "the server does not pass the client's address to the rate limiter: \
+     serve the app with `into_make_service_with_connect_info::<SocketAddr>()` (axum) or put a \
+     `SocketAddr` in the request extensions; to key every such request into one shared bucket \
+     instead, set `on_bad_key = \"shared\"`";
+
 /// What the layer shares between clones.
 struct Core<C: Clock> {
     limiter: Arc<Limiter<HttpKey, C>>,
@@ -190,6 +196,8 @@ struct Core<C: Clock> {
     rules: Vec<CompiledRule>,
     api_key_header: HeaderName,
     counters: HttpCounters,
+    /// Set by the first request that arrives without a peer address (the one warning).
+    warned_no_peer: std::sync::Once,
     /// The recorder `/metrics` renders.
     exposition: Exposition,
     /// Exact mode on Redis (`mode = "exact"`): the limiter decides each plan in one script
@@ -385,6 +393,7 @@ impl<C: Clock> RateLimitLayer<C> {
                     rules,
                     api_key_header,
                     counters: HttpCounters::default(),
+                    warned_no_peer: std::sync::Once::new(),
                     exposition: Exposition::new(),
                     #[cfg(feature = "redis")]
                     exact,
@@ -642,21 +651,24 @@ impl<C: Clock> RateLimitLayer<C> {
         }
     }
 
-    /// The configured [`OnBadKey`] behaviour for a request without a usable key.
+    /// The configured [`OnBadKey`] behaviour for a request without a usable key. A missing
+    /// peer address is the server's set-up, not the client's doing: only an explicit
+    /// [`OnBadKey::Shared`] puts such requests in one bucket.
     fn fallback(&self, parts: &http::request::Parts, e: KeyError) -> Result<ClientKey, KeyError> {
         self.shared.core.counters.bad_key();
         match self.shared.core.config.on_bad_key {
-            OnBadKey::Reject => Err(e),
             OnBadKey::Shared => Ok(ClientKey::Unidentified),
-            OnBadKey::Peer => Ok(self.client_address(parts)),
+            OnBadKey::Reject => Err(e),
+            OnBadKey::Peer => self.client_address(parts).ok_or(KeyError::NoPeer),
         }
     }
 
     /// The client's address as `key = "ip"` takes it: the peer walked back through trusted
-    /// proxies; the peer itself when a trusted proxy's header is malformed.
-    fn client_address(&self, parts: &http::request::Parts) -> ClientKey {
+    /// proxies; the peer itself when a trusted proxy's header is malformed (what a request
+    /// through that proxy without the header gets). `None` without a peer address.
+    fn client_address(&self, parts: &http::request::Parts) -> Option<ClientKey> {
         let c = &self.shared.core.config;
-        peer_ip(&parts.extensions).map_or(ClientKey::Unidentified, |peer| {
+        peer_ip(&parts.extensions).map(|peer| {
             let ip =
                 client_ip_from_headers(peer, &parts.headers, c.forwarded, &c.trusted, c.v6_prefix)
                     .unwrap_or_else(|_| client_ip_key(peer, c.v6_prefix));
@@ -671,11 +683,13 @@ impl<C: Clock> RateLimitLayer<C> {
         if !c.exempt_keys.is_empty() && any_name(client, &|k| c.exempt_keys.contains(k)) {
             return true;
         }
+        // Only an address the walk proved: a header the walk cannot read (too many trusted
+        // hops, a malformed hop) leaves the trusted proxy as the address, and an exempt proxy
+        // must not lend its exemption to whoever sends such a header through it.
         !c.exempt.is_empty()
             && peer_ip(&parts.extensions).is_some_and(|peer| {
-                let ip =
-                    walk_headers(peer, &parts.headers, c.forwarded, &c.trusted).unwrap_or(peer);
-                c.exempt.contains(ip)
+                walk_headers(peer, &parts.headers, c.forwarded, &c.trusted)
+                    .is_ok_and(|ip| c.exempt.contains(ip))
             })
     }
 
@@ -757,8 +771,12 @@ impl<C: Clock> RateLimitLayer<C> {
         Ok(Front::Charge { client, cost })
     }
 
-    /// The 400 for a request without a usable key.
+    /// The 400 for a request without a usable key; the 500 for a server that does not pass the
+    /// peer address (see [`no_peer`](Self::no_peer)).
     fn bad_key(&self, parts: &http::request::Parts, e: KeyError) -> Response<Full<Bytes>> {
+        if e == KeyError::NoPeer {
+            return self.no_peer(parts);
+        }
         self.shared.core.counters.rejected_bad_key();
         #[cfg(feature = "tracing")]
         tracing::debug!(target: "tollgate", error = %e, path = parts.uri.path(), "bad client key");
@@ -768,6 +786,26 @@ impl<C: Clock> RateLimitLayer<C> {
             grpc::INVALID_ARGUMENT,
             "Bad request",
             &e.to_string(),
+        )
+    }
+
+    /// The 500 for a request the layer cannot key because the server does not pass the peer
+    /// address: keying it anyway would put every client in one bucket, where one client can
+    /// deny all the others. Warned about once in the log (feature `tracing`) and counted as an
+    /// internal error; [`OnBadKey::Shared`] is the explicit way to want that one bucket.
+    fn no_peer(&self, parts: &http::request::Parts) -> Response<Full<Bytes>> {
+        let core = &self.shared.core;
+        core.counters.internal_error();
+        core.warned_no_peer.call_once(|| {
+            #[cfg(feature = "tracing")]
+            tracing::warn!(target: "tollgate", "{NO_PEER_FIX}");
+        });
+        reject(
+            parts,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            grpc::INTERNAL,
+            "Rate limiter misconfigured",
+            NO_PEER_FIX,
         )
     }
 

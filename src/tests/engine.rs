@@ -310,6 +310,38 @@ burst = 100
     assert_eq!(d.remaining(), 14);
 }
 
+/// Dotted keys are TOML too: `free.limit = 10` under `[plans]` is the table `[plans.free]`,
+/// in file order like any other; and a type mistake inside an array of inline tables written
+/// over several lines is named by its exact path.
+#[test]
+fn config_dotted_keys_and_multiline_arrays() {
+    let dotted = PlanConfig::parse(
+        "[plans]\nfree.limit = 10\nfree.window = 60\npro.limit = 100\npro.window = 60\n",
+    )
+    .unwrap();
+    let tables = PlanConfig::parse(
+        "[plans.free]\nlimit = 10\nwindow = 60\n[plans.pro]\nlimit = 100\nwindow = 60\n",
+    )
+    .unwrap();
+    assert_eq!(dotted, tables);
+    assert_eq!(dotted.names(), ["free", "pro"]);
+    let src = "[plans.pro]\nlimits = [\n  { limit = 10, window = \"1s\" },\n  { limit = 100, window = \"1d\", burst = \"ten\" },\n]\n";
+    assert_eq!(
+        PlanConfig::parse(src).unwrap_err().to_string(),
+        "line 4: plans.pro.limits[1].burst: invalid type: string \"ten\", expected an integer"
+    );
+    let src = "[plans.pro]\nlimits = [\n  { limit = 10, window = \"1s\", burst = 0 },\n]\n";
+    assert_eq!(
+        PlanConfig::parse(src).unwrap_err().to_string(),
+        "line 3: plans.pro.limits[0].burst: must be at least 1, got 0"
+    );
+    let src = "[plans]\nfree.limit = 10\nfree.window = \"forever\"\n";
+    assert_eq!(
+        PlanConfig::parse(src).unwrap_err().to_string(),
+        "line 3: plans.free.window: must be a positive duration: whole seconds, or a string like \"500ms\", \"10s\", \"5m\", \"1h\", \"1d\", \"1m30s\", \"1.5s\""
+    );
+}
+
 #[test]
 fn plan_config_errors_name_field_and_line() {
     let err = PlanConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1x\"\n").unwrap_err();

@@ -28,6 +28,15 @@ pub async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
+/// Serves `app` as `axum::serve(listener, app)` does without connect info: the layer sees no
+/// peer address.
+pub async fn serve_without_connect_info(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// A keep-alive client whose connections come from `local`.
