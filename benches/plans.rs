@@ -1,6 +1,7 @@
 //! What users configure, against what they would build from governor instead, in one run:
 //! plans resolved per request (`check_in`, 3 plans), a compound plan (two quotas on one key),
-//! and `check_all` (per-user AND global). 100k keys, 1 and 2 threads, runs interleaved, medians.
+//! and `check_all` (per-user AND global), each admitting and with each of its parts denying.
+//! 100k keys, 1 and 2 threads, runs interleaved, medians.
 //!
 //! ```text
 //! cargo bench --bench plans                      # about 1 minute on a 2-core machine
@@ -172,8 +173,11 @@ fn main() {
         (5, Duration::from_millis(300))
     };
     let threads_list = [1usize, 2];
+    // Spent by `fill`'s one call a key: every measured call is denied.
     let deny = Quota::per_hour(1).burst(1);
+    let deny_day = Quota::per_day(1).burst(1);
     let gov_deny = governor::Quota::per_hour(NonZeroU32::MIN);
+    let gov_deny_day = governor::Quota::with_period(Duration::from_secs(86_400)).unwrap();
 
     let tg = |plans: &[(&str, Vec<Quota>)]| {
         let mut b = Limiter::<u64>::builder().max_keys(4 * KEYS as usize);
@@ -193,14 +197,21 @@ fn main() {
     let compound_l = tg(&[("both", vec![allow(100_000_000), allow(200_000_000)])]);
     let both = [compound_l.plan("both").unwrap(); 3];
     let compound = TgPlans(compound_l, both);
-    let denies_l = tg(&[("both", vec![deny, allow(200_000_000)])]);
-    let both = [denies_l.plan("both").unwrap(); 3];
-    let denies = TgPlans(denies_l, both);
-    let global = Limiter::<()>::builder()
-        .quota(allow(400_000_000))
-        .build()
-        .unwrap();
-    let all = TgAll(tg(&[("default", vec![allow(100_000_000)])]), global);
+    let compound_of = |quotas: Vec<Quota>| {
+        let l = tg(&[("both", quotas)]);
+        let both = [l.plan("both").unwrap(); 3];
+        TgPlans(l, both)
+    };
+    // Both quotas spent: the first denies, the second is only peeked (for retry_after).
+    let first_denies = compound_of(vec![deny, deny_day]);
+    // The first admits, the second denies: the first is charged and refunded.
+    let second_denies = compound_of(vec![allow(200_000_000), deny]);
+    let global_of = |q: Quota| Limiter::<()>::builder().quota(q).build().unwrap();
+    let all_of =
+        |user: Quota, global: Quota| TgAll(tg(&[("default", vec![user])]), global_of(global));
+    let all = all_of(allow(100_000_000), allow(400_000_000));
+    let all_user_denies = all_of(deny, allow(400_000_000));
+    let all_global_denies = all_of(allow(100_000_000), deny);
 
     let g_default = GovKeyed(keyed(gov_allow(100_000_000)));
     let g_plans = GovPlans([
@@ -209,18 +220,40 @@ fn main() {
         keyed(gov_allow(300_000_000)),
     ]);
     let g_compound = GovTwo(keyed(gov_allow(100_000_000)), keyed(gov_allow(200_000_000)));
-    let g_denies = GovTwo(keyed(gov_deny), keyed(gov_allow(200_000_000)));
-    let g_all = GovAll(
-        keyed(gov_allow(100_000_000)),
-        RateLimiter::direct(gov_allow(400_000_000)),
-    );
+    let g_first_denies = GovTwo(keyed(gov_deny), keyed(gov_deny_day));
+    let g_second_denies = GovTwo(keyed(gov_allow(200_000_000)), keyed(gov_deny));
+    let g_all_of = |user: governor::Quota, global: governor::Quota| {
+        GovAll(keyed(user), RateLimiter::direct(global))
+    };
+    let g_all = g_all_of(gov_allow(100_000_000), gov_allow(400_000_000));
+    let g_all_user_denies = g_all_of(gov_deny, gov_allow(400_000_000));
+    let g_all_global_denies = g_all_of(gov_allow(100_000_000), gov_deny);
 
     let cases: Vec<(&str, &dyn Case, &dyn Case)> = vec![
         ("default plan (check)", &default, &g_default),
         ("3 plans (check_in)", &plans, &g_plans),
         ("compound plan, 2 quotas", &compound, &g_compound),
-        ("compound plan, first denies", &denies, &g_denies),
+        (
+            "compound plan, first denies",
+            &first_denies,
+            &g_first_denies,
+        ),
+        (
+            "compound plan, second denies",
+            &second_denies,
+            &g_second_denies,
+        ),
         ("check_all per-user AND global", &all, &g_all),
+        (
+            "check_all, per-user denies",
+            &all_user_denies,
+            &g_all_user_denies,
+        ),
+        (
+            "check_all, global denies",
+            &all_global_denies,
+            &g_all_global_denies,
+        ),
     ];
     for (_, t, g) in &cases {
         fill(*t);
