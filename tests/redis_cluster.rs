@@ -38,9 +38,10 @@ fn compound_limits_on_a_three_master_cluster() {
     };
     let adapters = [build(), build()];
     const USERS: usize = 40;
-    // Keys whose names could leave Cluster no hash tag (empty, or starting with `}`) among them.
-    let mut users: Vec<String> = (3..USERS).map(|i| format!("user{i}")).collect();
-    users.extend(["", "}x", "a}b"].map(String::from));
+    // Keys whose names could leave Cluster no hash tag, or a tag that is not the whole key
+    // (empty, braces, the escape character), among them.
+    let mut users: Vec<String> = (6..USERS).map(|i| format!("user{i}")).collect();
+    users.extend(["", "}x", "a}b", "{alice}", "_alice_", "%"].map(String::from));
 
     // Every part of a key lives in one slot; the keys spread over all three masters.
     let ranges: Vec<String> = cluster
@@ -81,7 +82,11 @@ fn compound_limits_on_a_three_master_cluster() {
 
     // 16 concurrent clients per user over two adapters: exactly 3 admitted per user (the
     // bucket binds), 64 calls each.
-    let admitted = Arc::new((0..USERS).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
+    let admitted = Arc::new(
+        (0..users.len())
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>(),
+    );
     rt.block_on(async {
         let mut tasks = Vec::new();
         for c in 0..16 {

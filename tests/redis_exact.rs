@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use proptest::prelude::*;
 use redis_support::RedisServer;
 use tollgate::redis::{RedisLimiter, Source};
 use tollgate::{Algorithm, FakeClock, Limiter, Quota};
@@ -437,4 +438,48 @@ fn limiters_listing_an_equal_quota_share_its_state() {
     let keys = twice.keys_of("u1");
     assert_eq!(keys.len(), 2);
     assert_ne!(keys[0], keys[1]);
+}
+
+/// The hash tag Redis Cluster hashes a key by: the text between the first `{` and the first `}`
+/// after it, if that is not empty (else the key is hashed whole: `None`).
+fn cluster_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let len = key[open + 1..].find('}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    /// The names `keys_of` gives (a token bucket and a sliding log's list and total): every
+    /// name of a key carries one non-empty Cluster tag holding no brace (one slot), and two
+    /// distinct keys share no name and no tag, near misses like `{a}` / `_a_` / `%7Ba%7D`
+    /// included.
+    #[test]
+    fn key_names_are_injective_and_tagged(
+        a in prop_oneof!["[{}%_7BD25a:]{0,8}", any::<String>()],
+        b in prop_oneof!["[{}%_7BD25a:]{0,8}", any::<String>()],
+    ) {
+        let l = RedisLimiter::builder("redis://127.0.0.1:1/")
+            .prefix("t:")
+            .quota(Quota::per_second(5))
+            .quota(Quota::per_minute(50).algorithm(Algorithm::SlidingWindowLog))
+            .build()
+            .unwrap();
+        let (na, nb) = (l.keys_of(&a), l.keys_of(&b));
+        for (k, names) in [(&a, &na), (&b, &nb)] {
+            prop_assert_eq!(names.len(), 3);
+            let tag = cluster_tag(&names[0]);
+            prop_assert!(tag.is_some(), "{:?}: no Cluster tag in {:?}", k, names[0]);
+            let tag = tag.unwrap();
+            prop_assert!(!tag.contains(['{', '}']), "{:?}: tag {:?}", k, tag);
+            for n in names {
+                prop_assert_eq!(cluster_tag(n), Some(tag), "{:?}: two slots", k);
+            }
+        }
+        if a != b {
+            prop_assert_ne!(cluster_tag(&na[0]), cluster_tag(&nb[0]));
+            prop_assert!(na.iter().all(|n| !nb.contains(n)), "{:?} {:?}", na, nb);
+        }
+    }
 }

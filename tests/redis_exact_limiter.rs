@@ -357,3 +357,44 @@ fn block_and_reset_async_reach_exact_mode() {
         assert_eq!(b.peek_in_async(&m, free, 1).await.unwrap().remaining(), 3);
     });
 }
+
+/// Keys that differ only where a brace stands (`{alice}` and `_alice_`, `a{b` and `a_b`, `}`
+/// and `_`), or where an escape would (`{` and `%7B`, `""` and `%`), are distinct clients on
+/// Redis, as in process: each spends its own 25 a day.
+#[test]
+fn lookalike_keys_are_distinct_clients() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let build = || Limiter::<String>::builder().quota(per_day(25));
+    let ls = pair(&server.url(), "x9:", build);
+    let local = build().build().unwrap();
+    let pairs = [
+        ("{alice}", "_alice_"),
+        ("a{b", "a_b"),
+        ("}", "_"),
+        ("{", "%7B"),
+        ("", "%"),
+    ];
+    rt.block_on(async {
+        for (a, b) in pairs {
+            let mut on_redis = [0u64; 2];
+            for (i, k) in [a, b].into_iter().enumerate() {
+                for n in 0..30 {
+                    let l = &ls[n % 2];
+                    let d = l
+                        .check_in_async(&k.to_string(), PlanId::DEFAULT, 1)
+                        .await
+                        .unwrap();
+                    on_redis[i] += u64::from(d.is_allowed());
+                }
+            }
+            let in_process = [a, b].map(|k| {
+                (0..30)
+                    .map(|_| u64::from(local.check(&k.to_string()).is_allowed()))
+                    .sum::<u64>()
+            });
+            assert_eq!(in_process, [25, 25], "{a:?} / {b:?} in process");
+            assert_eq!(on_redis, in_process, "{a:?} / {b:?} on Redis");
+        }
+    });
+}

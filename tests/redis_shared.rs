@@ -390,3 +390,55 @@ fn reset_async_forgets_the_key_on_redis() {
     let d = ls[0].peek_in(&k, PlanId::DEFAULT, 1).unwrap();
     assert_eq!((d.is_allowed(), d.remaining()), (true, 3), "fresh here");
 }
+
+/// Keys that differ only where a brace stands (`{alice}` and `_alice_`, `a{b` and `a_b`, `}`
+/// and `_`) are distinct clients on Redis, as in process: each spends its own 25 a day. The
+/// second key of a pair is checked once and waits for a round to adopt its global state before
+/// it goes on, so a state shared on Redis with the first key would show as denials.
+#[test]
+fn lookalike_keys_are_distinct_clients() {
+    let _g = serial();
+    let server = RedisServer::start();
+    let rt = runtime();
+    let per_day = || Quota::new(25, Duration::from_secs(86_400)).burst(25);
+    let ls = limiters(&rt, &server, "lookalike:", || {
+        Limiter::<String>::builder().quota(per_day())
+    });
+    let local = Limiter::<String>::builder()
+        .quota(per_day())
+        .build()
+        .unwrap();
+    // Waits until `l`'s rounds have pushed `n` units in all (each admitted unit is pushed
+    // once, and a round adopts the global states before it counts what it pushed).
+    let pushed = |l: &Limiter<String>, n: u64| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while l.synced_stats().unwrap().units_pushed < n {
+            assert!(Instant::now() < deadline, "{:?}", l.synced_stats());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let admit = |l: &Limiter<String>, k: &str, n: u64| -> u64 {
+        (0..n)
+            .map(|_| u64::from(l.check(&k.to_string()).is_allowed()))
+            .sum()
+    };
+    let (mut first_pushed, mut second_pushed) = (0, 0);
+    for (a, b) in [
+        ("{alice}", "_alice_"),
+        ("a{b", "a_b"),
+        ("}", "_"),
+        ("", "%"),
+    ] {
+        let in_process = (admit(&local, a, 30), admit(&local, b, 30));
+        assert_eq!(in_process, (25, 25), "{a:?} / {b:?} in process");
+        let first = admit(&ls[0], a, 30);
+        first_pushed += first;
+        pushed(&ls[0], first_pushed);
+        let mut second = admit(&ls[1], b, 1);
+        second_pushed += second;
+        pushed(&ls[1], second_pushed);
+        second += admit(&ls[1], b, 29);
+        second_pushed += second - 1;
+        assert_eq!((first, second), in_process, "{a:?} / {b:?} synced");
+    }
+}

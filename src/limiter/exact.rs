@@ -34,7 +34,7 @@ pub(crate) struct Exact<K> {
     /// held across an await.
     plans: RwLock<Vec<Option<ExactPlan>>>,
     config: RedisConfig,
-    /// The key as Redis names it (its `Display`, braces replaced: the hash tag is the key).
+    /// The key's `Display`, which its Redis names escape (`redis::state_key`).
     name: fn(&K) -> String,
     /// Synchronous calls, answered by the failure policy.
     sync_calls: AtomicU64,

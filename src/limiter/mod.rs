@@ -412,7 +412,9 @@ impl<K, C: Clock> Builder<K, C> {
     /// [`redis_synced`](Self::redis_synced), starts its reconciliation rounds on the current
     /// tokio runtime (so call it inside one; they stop when the last `Arc` is dropped), and
     /// checks that it can be synced: the flat store, and no sliding log (exact mode only).
-    /// The key's `Display` names it in Redis (braces replaced: the key is the hash tag).
+    /// The key's `Display` names it in Redis, escaped so that keys with distinct `Display`s
+    /// never share a state there (see
+    /// [`RedisConfig::prefix`](crate::redis::RedisConfig::prefix)).
     ///
     /// ```
     /// use tollgate::{Limiter, Quota};
@@ -432,7 +434,7 @@ impl<K, C: Clock> Builder<K, C> {
                 redis,
                 &plans,
                 &limiter.book.current().by_name,
-                redis_name::<K>,
+                <K as ToString>::to_string,
             )?);
             return Ok(Arc::new(limiter));
         }
@@ -447,19 +449,13 @@ impl<K, C: Clock> Builder<K, C> {
                 });
             }
             shared::check_rules(&limiter.book.current().rules)?;
-            limiter.shared = Some(shared::Shared::new(redis, redis_name::<K>)?);
+            limiter.shared = Some(shared::Shared::new(redis, <K as ToString>::to_string)?);
             let limiter = Arc::new(limiter);
             shared::spawn_rounds(&limiter, interval)?;
             return Ok(limiter);
         }
         self.build_local().map(Arc::new)
     }
-}
-
-/// How Redis names a key: its `Display`, braces replaced (the key is the hash tag).
-#[cfg(feature = "redis")]
-fn redis_name<K: std::fmt::Display>(k: &K) -> String {
-    k.to_string().replace(['{', '}'], "_")
 }
 
 /// The least time between two whole-table sweeps by new states at the cap (see

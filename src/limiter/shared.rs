@@ -41,7 +41,7 @@ struct Entry<K> {
 pub(crate) struct Shared<K> {
     /// By (key hash, rule): looked up without cloning the key.
     tracks: DashMap<(u64, RuleId), Entry<K>, ahash::RandomState>,
-    /// The key as Redis names it (its `Display`, braces replaced: the hash tag is the key).
+    /// The key's `Display`, which its Redis names escape (`redis::state_key`).
     name: fn(&K) -> String,
     sync: Reconciler,
     prefix: String,
@@ -155,17 +155,19 @@ impl<K: Hash + Eq + Clone> Shared<K> {
         Some(d)
     }
 
-    /// The Redis key of (`key`, `rule`): the key in a hash tag, the rule by its quota (the same
-    /// in every process with the same plans, whatever their rule ids).
+    /// The Redis key of (`key`, `rule`): the key escaped into a hash tag, the rule by its quota
+    /// (the same in every process with the same plans, whatever their rule ids).
     fn redis_key(&self, key: &K, rule: &Rule) -> String {
-        format!(
-            "{}{{{}}}:{}:{}:{}:{}",
-            self.prefix,
-            crate::redis::hash_tag(&(self.name)(key)),
-            rule.algorithm.name(),
-            rule.limit,
-            rule.period,
-            rule.capacity
+        crate::redis::state_key(
+            &self.prefix,
+            &(self.name)(key),
+            format_args!(
+                "{}:{}:{}:{}",
+                rule.algorithm.name(),
+                rule.limit,
+                rule.period,
+                rule.capacity
+            ),
         )
     }
 }

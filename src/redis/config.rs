@@ -82,8 +82,12 @@ impl RedisConfig {
         self
     }
 
-    /// The prefix of every key written (default `tollgate:`). Limiters with different plans on
-    /// one Redis need different prefixes; processes that share limits share one.
+    /// The prefix of every key written (default `tollgate:`; a brace in it is an error). Each
+    /// (key, quota) state is named `prefix{key}:quota`, the key being its `Display` with `%`,
+    /// `{` and `}` written as `%25`, `%7B` and `%7D` (the empty key as `%`): keys whose
+    /// `Display`s differ never share a name, and the part in braces is the key's Cluster hash
+    /// tag, so all its states live in one slot. Limiters with different plans on one Redis need
+    /// different prefixes; processes that share limits share one.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self

@@ -19,6 +19,7 @@
 
 mod config;
 pub(crate) mod link;
+mod name;
 pub(crate) mod round;
 mod script;
 mod synced;
@@ -39,6 +40,7 @@ use crate::quota::{Algorithm, Kind, Quota, Rule};
 use crate::sync::{AtomicU64, Ordering};
 
 use link::{Breaker, BreakerConfig, Gate, Link, Target};
+pub(crate) use name::state_key;
 use script::Call;
 
 pub use config::RedisConfig;
@@ -300,9 +302,12 @@ macro_rules! common_setters {
             self.common.quotas.push(quota);
             self
         }
-        /// The prefix of every key this limiter writes (default `tollgate:`). Keys are named by
-        /// client and quota (`prefix{client}:quota`), so limiters under one prefix that list an
-        /// equal quota share each client's state under it, as an in-process limiter's plans do.
+        /// The prefix of every key this limiter writes (default `tollgate:`; a brace in it is
+        /// an error). Keys are named by client and quota (`prefix{client}:quota`), so limiters
+        /// under one prefix that list an equal quota share each client's state under it, as an
+        /// in-process limiter's plans do. The client is written with `%`, `{` and `}` as `%25`,
+        /// `%7B` and `%7D` (the empty client as `%`): distinct clients never share a name, and
+        /// the part in braces is the client's Cluster hash tag, one slot for all its states.
         pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
             self.common.prefix = prefix.into();
             self
@@ -688,19 +693,23 @@ impl<C: Clock> RedisLimiter<C> {
     }
 
     /// The Redis keys that hold `key`'s state (one per quota; two for a sliding log), for
-    /// inspection and tests. They share one hash tag, so one Cluster slot.
+    /// inspection and tests. They share one hash tag, so one Cluster slot: `key` escaped
+    /// (`%`, `{` and `}` as `%25`, `%7B` and `%7D`; the empty key as `%`), so two keys never
+    /// share a name.
     ///
     /// ```
     /// use tollgate::Quota;
     /// use tollgate::redis::RedisLimiter;
     /// let l = RedisLimiter::builder("redis://127.0.0.1:1/").quota(Quota::per_second(1)).build()?;
     /// assert_eq!(l.keys_of("u1"), vec!["tollgate:{u1}:t1/1000000000+1".to_string()]);
+    /// // Braces and `%` are escaped, so "{u1}" is not "u1" and its tag has no brace.
+    /// assert_eq!(l.keys_of("{u1}"), vec!["tollgate:{%7Bu1%7D}:t1/1000000000+1".to_string()]);
     /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn keys_of(&self, key: &str) -> Vec<String> {
         let mut keys = Vec::new();
         for (r, name) in self.inner.rules.iter().zip(&self.inner.names) {
-            let k = format!("{}{{{}}}:{name}", self.inner.prefix, hash_tag(key));
+            let k = state_key(&self.inner.prefix, key, name);
             if r.kind == Kind::Log {
                 keys.push(format!("{k}:n"));
                 keys.insert(keys.len() - 1, k);
@@ -898,19 +907,6 @@ impl<C: Clock> RedisLimiter<C> {
                 }
             }
         }
-    }
-}
-
-/// What a key's Redis names put between `{` and `}`, so Redis Cluster hashes every name of the
-/// key to one slot: the key itself, unless Cluster would find no tag there (an empty key, or one
-/// that starts with `}`: the tag would be empty, and the names hashed whole, to different
-/// slots). Those, and keys that start with `\u{1}`, get `\u{1}` in front: a tag that is never
-/// empty, and still one per key (only they start with `\u{1}`).
-pub(crate) fn hash_tag(key: &str) -> std::borrow::Cow<'_, str> {
-    if key.is_empty() || key.starts_with('}') || key.starts_with('\u{1}') {
-        format!("\u{1}{key}").into()
-    } else {
-        key.into()
     }
 }
 

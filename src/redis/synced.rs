@@ -304,7 +304,7 @@ impl SyncedInner {
     }
 
     fn key(&self, key: &str) -> String {
-        format!("{}{{{}}}:s", self.prefix, super::hash_tag(key))
+        super::state_key(&self.prefix, key, "s")
     }
 
     /// One round: push every touched key's pending units, adopt the global states.
