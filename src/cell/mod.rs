@@ -202,7 +202,7 @@ pub(crate) fn update(
 /// cell holding `word`. `None` when the slot is no longer the key's.
 #[inline(always)]
 pub(crate) fn apply_inline(
-    slot: &Inline<'_>,
+    slot: &impl Word,
     word: u64,
     now: u64,
     cost: u64,
@@ -259,7 +259,7 @@ pub(crate) fn apply_inline(
 /// [`refund_inline`] needs to take the charge back. `None` when the slot is no longer the key's.
 #[inline(always)]
 pub(crate) fn apply_inline_part(
-    slot: &Inline<'_>,
+    slot: &impl Word,
     word: u64,
     now: u64,
     cost: u64,
@@ -277,7 +277,7 @@ pub(crate) fn apply_inline_part(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn apply_inline_from(
-    slot: &Inline<'_>,
+    slot: &impl Word,
     word: u64,
     now: u64,
     cost: u64,
@@ -321,7 +321,7 @@ pub(crate) fn apply_inline_from(
 /// (it was reset or removed: then there is nothing left to take back).
 #[inline]
 pub(crate) fn refund_inline(
-    slot: &Inline<'_>,
+    slot: &impl Word,
     word: u64,
     cost: u64,
     rule: &Rule,
@@ -329,6 +329,18 @@ pub(crate) fn refund_inline(
     now: u64,
 ) -> Option<()> {
     update_word_from(slot, word, |s| refund_step(s, cost, rule, token, now)).map(drop)
+}
+
+/// Replaces an inline slot's word by `next(word)` until a swap sticks, from `word` read with
+/// the slot's tag (`next` answering `None`: leave it as it is). `None` when the slot is no
+/// longer the key's.
+#[inline]
+pub(crate) fn replace_inline(
+    slot: &impl Word,
+    word: u64,
+    next: impl FnMut(u64) -> Option<u64>,
+) -> Option<()> {
+    swap_loop(slot, word, next).map(drop)
 }
 
 /// The refund token of a word charge that wrote `written`: what [`refund_step`] needs to take

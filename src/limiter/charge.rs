@@ -18,8 +18,7 @@ use crate::decision::{Decision, Reason};
 use crate::error::Error;
 use crate::quota::Kind;
 use crate::stats::{Count, Counts};
-use crate::store::flat::Found;
-use crate::store::{FlatStore, Fresh, Full, RuleId, Store, rule_hash};
+use crate::store::{FlatStore, Fresh, Full, Kept, RuleId, Store};
 
 /// One call's outcome on every part of a plan.
 #[derive(Debug, Clone, Copy)]
@@ -106,19 +105,17 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         if self.penalties.maybe(hash) {
             return None;
         }
-        let Found::Inline { slot, tag, word } = s.find(rule_hash(hash, plan.id)) else {
-            return None;
-        };
-        let slot = cell::Inline { slot, tag };
-        cell::apply_inline_part(
-            &slot,
-            word,
-            now,
-            cost,
-            &plan.rule,
-            plan.headroom,
-            Mode::Check,
-        )
+        s.apply_word_once(hash, plan.id, |slot, word| {
+            cell::apply_inline_part(
+                slot,
+                word,
+                now,
+                cost,
+                &plan.rule,
+                plan.headroom,
+                Mode::Check,
+            )
+        })
     }
 
     /// Every part of `plan` denied by a penalty, when `key` is under one at `now`.
@@ -155,7 +152,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             // Every part's slot is asked for before the first is read, so their cache misses
             // overlap instead of following one another.
             for part in &plan.parts {
-                s.prefetch(rule_hash(hash, part.id));
+                s.prefetch_state(hash, part.id);
             }
         }
         let mut denied = false;
@@ -261,64 +258,56 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         hook: &impl StateHook,
     ) -> Result<Applied, Full> {
         let rule = &part.rule;
-        let h = rule_hash(hash, part.id);
         loop {
-            match s.find(h) {
-                Found::Inline { slot, tag, word } => {
-                    let slot = cell::Inline { slot, tag };
-                    let applied = hook.apply(&slot, word, |slot, word| {
-                        if with_token {
-                            cell::apply_inline_part(slot, word, now, cost, rule, headroom, mode)
-                        } else {
-                            cell::apply_inline(slot, word, now, cost, rule, headroom, mode)
-                        }
-                    });
-                    if let Some(a) = applied {
-                        return Ok(a);
+            let charged = s.apply_word(hash, part.id, |slot, word| {
+                hook.apply(slot, word, |slot, word| {
+                    if with_token {
+                        cell::apply_inline_part(slot, word, now, cost, rule, headroom, mode)
+                    } else {
+                        cell::apply_inline(slot, word, now, cost, rule, headroom, mode)
                     }
-                    // Removed under us (swept, reset, evicted): look again.
-                }
-                // A word rule's state is never spilled; a marker with this rule's id in its tag
-                // is another key's log state of the same fingerprint: shared, as collisions are.
-                Found::Spilled | Found::Absent => {
-                    // A state never seen starts where the plan's previous rules left the key.
-                    let start = hook.start(self.inherited_word(s, book, hash, part, now));
-                    let step =
-                        cell::decide_word(start, now, cost, rule, headroom, mode.previewed());
-                    if mode.is_peek() {
-                        return Ok(Applied {
-                            decision: step.decision,
-                            token: None,
-                            retries: 0,
-                        });
-                    }
-                    self.new_state_seen();
-                    let fresh = self.fresh(book, now, true);
-                    if s.refuses_new_keys() {
-                        return Err(Full);
-                    }
-                    // Insertion and first charge are one write (a denial claims the start).
-                    let first = step.next.unwrap_or(start);
-                    let inserted = match s.insert_inline(h, first, fresh) {
-                        Ok(inserted) => inserted,
-                        // Stale states elsewhere in the table make room: look again.
-                        Err(Full) if self.reclaim_at_cap(now) => continue,
-                        Err(Full) => return Err(Full),
-                    };
-                    if inserted {
-                        self.retire_lineage(s, key, part);
-                        if step.next.is_some() {
-                            hook.charged();
-                        }
-                        return Ok(Applied {
-                            decision: step.decision,
-                            token: step.next.map(|w| cell::token_of(rule.kind, w)),
-                            retries: 0,
-                        });
-                    }
-                    // Inserted by another thread meanwhile: charge that.
-                }
+                })
+            });
+            if let Some(a) = charged {
+                return Ok(a);
             }
+            // No word state (a word rule's state is never a cell; a cell of this rule's id is
+            // another key's log state of the same fingerprint: shared, as collisions are).
+            // A state never seen starts where the plan's previous rules left the key.
+            let start = hook.start(self.inherited_word(s, book, hash, part, now));
+            let step = cell::decide_word(start, now, cost, rule, headroom, mode.previewed());
+            if mode.is_peek() {
+                return Ok(Applied {
+                    decision: step.decision,
+                    token: None,
+                    retries: 0,
+                });
+            }
+            self.new_state_seen();
+            let fresh = self.fresh(book, now, true);
+            if s.refuses_new_keys() {
+                return Err(Full);
+            }
+            // Insertion and first charge are one write (a denial claims the start).
+            let first = step.next.unwrap_or(start);
+            let inserted = match s.insert_word(hash, part.id, first, fresh) {
+                Ok(inserted) => inserted,
+                // Stale states elsewhere in the table make room: look again.
+                Err(Full) if self.reclaim_at_cap(now) => continue,
+                Err(Full) => return Err(Full),
+            };
+            if inserted {
+                self.retire_lineage(s, key, part);
+                if step.next.is_some() {
+                    hook.charged();
+                }
+                return Ok(Applied {
+                    decision: step.decision,
+                    token: step.next.map(|w| cell::token_of(rule.kind, w)),
+                    retries: 0,
+                });
+            }
+            // Inserted by another thread meanwhile: charge that.
         }
     }
 
@@ -372,12 +361,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     ) -> u64 {
         for &old in &part.lineage {
             let rule = &book.rules[usize::from(old)];
-            match s.find(rule_hash(hash, old)) {
-                Found::Inline { word, .. } => {
-                    return cell::migrate_word(word, now, rule, &part.rule);
-                }
-                Found::Spilled => return 0,
-                Found::Absent => {}
+            match s.kept(hash, old) {
+                Kept::Word(word) => return cell::migrate_word(word, now, rule, &part.rule),
+                Kept::Cell => return 0,
+                Kept::Absent => {}
             }
         }
         0
@@ -426,19 +413,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 Map::Flat(s) if rule.kind != Kind::Log => {
                     // A state removed meanwhile (a reset) holds nothing left to take back; one
                     // that moved (its shard grew) is found again in its new slot.
-                    let mut last = std::ptr::null();
-                    while let Found::Inline { slot, tag, word } = s.find(rule_hash(hash, id)) {
-                        if std::ptr::eq(slot, last) {
-                            break;
-                        }
-                        last = slot;
-                        let slot = cell::Inline { slot, tag };
-                        if cell::refund_inline(&slot, word, cost, rule, token, now).is_some() {
-                            #[cfg(feature = "redis")]
-                            self.refund_shared(key, hash, id, rule, now, cost);
-                            break;
-                        }
+                    let refunded = s.update_word(hash, id, |slot, word| {
+                        cell::refund_inline(slot, word, cost, rule, token, now)
+                    });
+                    #[cfg(feature = "redis")]
+                    if refunded {
+                        self.refund_shared(key, hash, id, rule, now, cost);
                     }
+                    #[cfg(not(feature = "redis"))]
+                    let _ = refunded;
                 }
                 Map::Flat(s) => {
                     s.with(key, id, |c| c.refund(cost, rule, token, now));
@@ -510,11 +493,11 @@ pub(crate) trait StateHook {
     /// The word a new state starts from.
     fn start(&self, word: u64) -> u64;
     /// Runs `apply` (the charge of a known state) or the hook's own version of it.
-    fn apply(
+    fn apply<W: cell::Word>(
         &self,
-        slot: &cell::Inline<'_>,
+        slot: &W,
         word: u64,
-        apply: impl FnOnce(&cell::Inline<'_>, u64) -> Option<Applied>,
+        apply: impl FnOnce(&W, u64) -> Option<Applied>,
     ) -> Option<Applied>;
     /// A new state was inserted with a charge.
     fn charged(&self);
@@ -529,11 +512,11 @@ impl StateHook for NoHook {
         word
     }
     #[inline(always)]
-    fn apply(
+    fn apply<W: cell::Word>(
         &self,
-        slot: &cell::Inline<'_>,
+        slot: &W,
         word: u64,
-        apply: impl FnOnce(&cell::Inline<'_>, u64) -> Option<Applied>,
+        apply: impl FnOnce(&W, u64) -> Option<Applied>,
     ) -> Option<Applied> {
         apply(slot, word)
     }

@@ -26,8 +26,7 @@ use crate::decision::{Decision, Reason};
 use crate::error::Error;
 use crate::quota::Quota;
 use crate::stats::{Count, Counters, PlanStats, RuleStats, Stats};
-use crate::store::flat::Found;
-use crate::store::{DashStore, FlatStore, Full, OnFull, RuleId, Store, StoreKind, rule_hash};
+use crate::store::{DashStore, FlatStore, Full, OnFull, RuleId, Store, StoreKind};
 use crate::sweep::{self, Sweep, Sweeper};
 use crate::sync::AtomicUsize;
 use book::{Book, Books, Compiled};
@@ -716,20 +715,18 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         if self.penalties.maybe(hash) {
             return None;
         }
-        let Found::Inline { slot, tag, word } = s.find(rule_hash(hash, plan.id)) else {
-            return None;
-        };
-        let slot = crate::cell::Inline { slot, tag };
         let tally = plan.counts.tally();
-        let a = crate::cell::apply_inline(
-            &slot,
-            word,
-            now,
-            cost,
-            &plan.rule,
-            plan.headroom,
-            Mode::Check,
-        )?;
+        let a = s.apply_word_once(hash, plan.id, |slot, word| {
+            crate::cell::apply_inline(
+                slot,
+                word,
+                now,
+                cost,
+                &plan.rule,
+                plan.headroom,
+                Mode::Check,
+            )
+        })?;
         let mut d = a.decision;
         // An inline state's denial is over quota (`Reason::Limited`): a new state's table-full
         // denial and a blocked key's are decided on the general path.
@@ -763,27 +760,19 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         now: u64,
         cost: u64,
     ) -> Option<Decision> {
-        use crate::cell::{Inline, apply_inline_part, decide_word};
+        use crate::cell::{apply_inline_part, decide_word};
         if self.penalties.maybe(hash) {
             return None;
         }
-        let Found::Inline { slot, tag, word } = s.find(rule_hash(hash, pair.ids[0])) else {
-            return None;
-        };
-        let first = Inline { slot, tag };
-        let second_hash = rule_hash(hash, pair.ids[1]);
-        let Found::Inline {
-            slot,
-            tag,
-            word: second_word,
-        } = s.find(second_hash)
-        else {
-            return None;
-        };
-        let second = Inline { slot, tag };
         let [rule_a, rule_b] = &pair.rules;
+        let second_word = match s.kept(hash, pair.ids[1]) {
+            crate::store::Kept::Word(word) => word,
+            _ => return None,
+        };
         let tally = pair.counts.tally();
-        let a = apply_inline_part(&first, word, now, cost, rule_a, pair.headroom, Mode::Check)?;
+        let a = s.apply_word_once(hash, pair.ids[0], |slot, word| {
+            apply_inline_part(slot, word, now, cost, rule_a, pair.headroom, Mode::Check)
+        })?;
         let mut retries = a.retries;
         let mut d = a.decision;
         if !d.allowed {
@@ -804,15 +793,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 tokens[0] = a.token.map(|t| (pair.ids[0], t));
                 self.refund(book, key, hash, cost, &mut tokens, now);
             };
-            let Some(b) = apply_inline_part(
-                &second,
-                second_word,
-                now,
-                cost,
-                rule_b,
-                pair.headroom,
-                Mode::Check,
-            ) else {
+            let Some(b) = s.apply_word_once(hash, pair.ids[1], |slot, word| {
+                apply_inline_part(slot, word, now, cost, rule_b, pair.headroom, Mode::Check)
+            }) else {
                 // The second state left its slot under us: nothing stays charged, and the
                 // general path decides.
                 refund_first();
@@ -823,10 +806,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 refund_first();
                 // Refunded, the first part reports what it holds without this request (its
                 // state read again: a state removed meanwhile is fresh).
-                let word = match s.find(rule_hash(hash, pair.ids[0])) {
-                    Found::Inline { word, .. } => word,
-                    _ => 0,
-                };
+                let word = s.word_or_fresh(hash, pair.ids[0]);
                 d = decide_word(word, now, 0, rule_a, pair.headroom, Mode::Check)
                     .decision
                     .held();
@@ -840,8 +820,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         Some(d)
     }
 
-    /// The hash a key's states and penalty are found by: the flat store's (each rule's slot is
-    /// then [`rule_hash`] of it), or the penalty table's own on the dash store.
+    /// The hash a key's states and penalty are found by: the flat store's (one hash for every
+    /// rule of the key), or the penalty table's own on the dash store.
     #[inline]
     pub(crate) fn key_hash(&self, key: &K) -> u64 {
         match &self.store {
@@ -856,7 +836,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     pub(crate) fn placement(&self, key: &K) -> Option<(usize, bool)> {
         let id = self.book.current().plans[0].parts[0].id;
         match &self.store {
-            Map::Flat(s) => s.placement(rule_hash(s.hash(key), id)),
+            Map::Flat(s) => s.placement_of(s.hash(key), id),
             Map::Dash(_) => None,
         }
     }
@@ -1022,7 +1002,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         for (keys, out) in keys[..n].chunks(CHUNK).zip(out[..n].chunks_mut(CHUNK)) {
             for (h, key) in hashes.iter_mut().zip(keys) {
                 *h = s.hash(key);
-                s.prefetch(rule_hash(*h, rule));
+                s.prefetch_state(*h, rule);
             }
             let now = clamp_now(self.clock.now());
             for ((key, d), h) in keys.iter().zip(out).zip(hashes) {

@@ -26,8 +26,7 @@ use crate::redis::link::{Breaker, Gate, Link};
 use crate::redis::round::{Global, Push, Reconciler};
 use crate::redis::track::{self, Tracker};
 use crate::redis::{FailurePolicy, RedisConfig, SyncedStats};
-use crate::store::flat::Found;
-use crate::store::{FlatStore, Full, RuleId, rule_hash};
+use crate::store::{FlatStore, Full, RuleId};
 use crate::sync::Ordering;
 
 /// A tracked (key, rule): the key (to name it in Redis, and to tell a hash collision) and its
@@ -194,11 +193,11 @@ impl StateHook for SyncHook<'_> {
         self.track.start(self.rule, word, self.now)
     }
 
-    fn apply(
+    fn apply<W: cell::Word>(
         &self,
-        slot: &cell::Inline<'_>,
+        slot: &W,
         word: u64,
-        _apply: impl FnOnce(&cell::Inline<'_>, u64) -> Option<Applied>,
+        _apply: impl FnOnce(&W, u64) -> Option<Applied>,
     ) -> Option<Applied> {
         let (track, rule, now) = (self.track, self.rule, self.now);
         let a = cell::apply_inline_from(
@@ -341,10 +340,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             // Under the shard's write lock: a check that races the removal either lands before
             // it (the tracker is then not idle) or after it, on a new tracker.
             let removed = sh.tracks.remove_if(&(h, id), |_, e| {
-                let state = match s.find(rule_hash(s.hash(&e.key), id)) {
-                    Found::Inline { word, .. } => word,
-                    _ => 0,
-                };
+                let state = s.word_or_fresh(s.hash(&e.key), id);
                 e.track.is_idle() && track::is_fresh(rule, state, now)
             });
             if removed.is_some() {
@@ -397,44 +393,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         t: &Tracker,
         global: Global,
     ) {
-        let h = rule_hash(s.hash(key), id);
-        let Found::Inline {
-            mut slot,
-            tag,
-            mut word,
-        } = s.find(h)
-        else {
-            return;
-        };
-        loop {
-            let next = match global {
+        s.update_word(s.hash(key), id, |slot, word| {
+            cell::replace_inline(slot, word, |word| match global {
                 Global::Debt(debt) => Some(t.adopt_gcra(rule, self.clock.now(), debt)),
                 Global::Counts { window, cur, prev } => {
                     t.adopt_window(rule, word, window, cur, prev)
                 }
-            };
-            let Some(next) = next else { return };
-            // AcqRel: ordered with every charge of the slot; the tag makes sure the slot still
-            // holds this key's state (a removal and a reuse change it).
-            match slot.compare_exchange(
-                (tag, word),
-                (tag, next),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(()) => return,
-                Err((t2, w2)) if t2 == tag => word = w2,
-                // Moved (its shard grew): found again in its new slot; else gone.
-                Err(_) => match s.find(h) {
-                    Found::Inline {
-                        slot: moved,
-                        word: w2,
-                        ..
-                    } if !std::ptr::eq(moved, slot) => (slot, word) = (moved, w2),
-                    _ => return,
-                },
-            }
-        }
+            })
+        });
     }
 }
 

@@ -208,7 +208,7 @@ pub(crate) type WrongPassCount = (usize, usize, u8, usize);
 struct Group([AtomicPair; GROUP]);
 
 /// What a probe found for a key.
-pub(crate) enum Found<'a> {
+pub(super) enum Found<'a> {
     /// The key's state is `word`, in `slot`, which held `tag` when read.
     Inline {
         slot: &'a AtomicPair,
@@ -596,7 +596,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// Where the key hashed to `hash` sits, for tests: (groups from its home group, whether it
     /// is in the first slot its probe reads); `None` when no slot holds it.
     #[cfg(test)]
-    pub(crate) fn placement(&self, hash: u64) -> Option<(usize, bool)> {
+    pub(super) fn placement(&self, hash: u64) -> Option<(usize, bool)> {
         let groups = self.table(self.shard(hash)).groups;
         let home = Self::home(groups, hash);
         let first = Self::first_slot(hash);
@@ -741,7 +741,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
 
     /// Starts loading the cache line `key`'s probe starts at (for batches).
     #[inline]
-    pub(crate) fn prefetch(&self, hash: u64) {
+    pub(super) fn prefetch(&self, hash: u64) {
         let shard = self.shard(hash);
         // Relaxed: a hint; whatever table it names lives as long as `self`.
         let (group, _) = self.home_group(shard.table.load(Ordering::Relaxed), hash);
@@ -777,7 +777,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// finds the key absent in a table that is no longer the shard's looks again too (the old
     /// table's pages may have been handed back, reading as `EMPTY`).
     #[inline(always)]
-    pub(crate) fn find(&self, hash: u64) -> Found<'_> {
+    pub(super) fn find(&self, hash: u64) -> Found<'_> {
         let shard = self.shard(hash);
         // Acquire: pairs with the Release that published a grown table, so the slots and
         // counts moved into it are seen.
@@ -1253,7 +1253,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// state after its first call, so insertion and first charge are one write). `Ok(false)`
     /// when it turned out to be present already (the caller looks it up again); `Err(Full)` at
     /// the cap when nothing may be evicted.
-    pub(crate) fn insert_inline(
+    pub(super) fn insert_inline(
         &self,
         hash: u64,
         first: u64,

@@ -9,6 +9,7 @@ pub(crate) mod dash;
 pub(crate) mod flat;
 #[cfg(tollgate_loom)]
 pub(crate) mod loom_dash;
+mod word;
 
 use crate::cell::Cell;
 use crate::quota::Rule;
@@ -21,6 +22,7 @@ pub(crate) use flat::FlatStore;
 /// same protocol on loom's `RwLock` stands in.
 #[cfg(tollgate_loom)]
 pub(crate) use loom_dash::LoomDashStore as DashStore;
+pub(crate) use word::Kept;
 
 /// Which concurrent map holds a limiter's keys (see [`Builder::store`](crate::Builder::store)).
 ///
@@ -104,13 +106,13 @@ pub(crate) const RULE_MASK: u64 = 0xFF << RULE_SHIFT;
 /// mix per rule put them a cache miss apart: a two-part plan on 100k keys, one thread, ran at
 /// 4.8-4.9 M calls a second).
 #[inline(always)]
-pub(crate) fn rule_hash(h: u64, rule: RuleId) -> u64 {
+pub(super) fn rule_hash(h: u64, rule: RuleId) -> u64 {
     (h & !RULE_MASK) | (u64::from(rule) << RULE_SHIFT)
 }
 
 /// The rule id a (key, rule) hash or a slot tag carries (see [`rule_hash`]).
 #[inline(always)]
-pub(crate) fn rule_of(hash: u64) -> RuleId {
+pub(super) fn rule_of(hash: u64) -> RuleId {
     ((hash & RULE_MASK) >> RULE_SHIFT) as RuleId
 }
 

@@ -1,0 +1,135 @@
+//! The flat store's word states as the layers above see them: a (key, rule) state is named by
+//! its key's hash ([`FlatStore::hash`]) and the rule's id, and reached only through a closure
+//! over its packed word that the store runs on the slot it finds. Probes, slot handles, rule
+//! hashes, a slot removed or moved under a call: all of it stays here.
+
+use std::hash::Hash;
+
+use super::flat::{FlatStore, Found};
+use super::{Fresh, Full, RuleId, rule_hash};
+use crate::cell::Inline;
+
+/// How the store keeps a (key, rule) state, as one read found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kept {
+    /// A word state holding this word.
+    Word(u64),
+    /// A cell beside the table (a sliding log): read it through [`Store::with`](super::Store::with).
+    Cell,
+    /// No state: the (key, rule) is fresh.
+    Absent,
+}
+
+impl<K: Hash + Eq + Clone> FlatStore<K> {
+    /// How (`key_hash`, `rule`)'s state is kept now. No lock, no write.
+    #[inline(always)]
+    pub(crate) fn kept(&self, key_hash: u64, rule: RuleId) -> Kept {
+        match self.find(rule_hash(key_hash, rule)) {
+            Found::Inline { word, .. } => Kept::Word(word),
+            Found::Spilled => Kept::Cell,
+            Found::Absent => Kept::Absent,
+        }
+    }
+
+    /// The word of (`key_hash`, `rule`)'s state, where it is one (fresh, 0, where there is none).
+    #[inline(always)]
+    pub(crate) fn word_or_fresh(&self, key_hash: u64, rule: RuleId) -> u64 {
+        match self.kept(key_hash, rule) {
+            Kept::Word(word) => word,
+            Kept::Cell | Kept::Absent => 0,
+        }
+    }
+
+    /// Runs `step` on the word state of (`key_hash`, `rule`): the slot it is in and the word
+    /// read with the slot's tag, for the one compare-and-swap loop of `cell` to drive. A
+    /// `step` that answers `None` (the slot stopped being the key's under it: swept, reset,
+    /// evicted, moved) is run again on the state found anew. `None` when the state is not a
+    /// word in the table (absent, or a cell), having run nothing that stuck.
+    #[inline(always)]
+    pub(crate) fn apply_word<R>(
+        &self,
+        key_hash: u64,
+        rule: RuleId,
+        mut step: impl FnMut(&Inline<'_>, u64) -> Option<R>,
+    ) -> Option<R> {
+        let hash = rule_hash(key_hash, rule);
+        loop {
+            let Found::Inline { slot, tag, word } = self.find(hash) else {
+                return None;
+            };
+            if let Some(r) = step(&Inline { slot, tag }, word) {
+                return Some(r);
+            }
+        }
+    }
+
+    /// Runs `step` once on the word state of (`key_hash`, `rule`), as
+    /// [`apply_word`](Self::apply_word) but without looking again: `None` when the state is
+    /// not a word in the table or stopped being the key's under the step. For the short path,
+    /// which leaves every such case to the general one.
+    #[inline(always)]
+    pub(crate) fn apply_word_once<R>(
+        &self,
+        key_hash: u64,
+        rule: RuleId,
+        step: impl FnOnce(&Inline<'_>, u64) -> Option<R>,
+    ) -> Option<R> {
+        let Found::Inline { slot, tag, word } = self.find(rule_hash(key_hash, rule)) else {
+            return None;
+        };
+        step(&Inline { slot, tag }, word)
+    }
+
+    /// Runs `step` on the word state of (`key_hash`, `rule`) until it sticks, following the
+    /// state into the slot it moved to (its shard grew); a state removed meanwhile (a reset,
+    /// a sweep) is left alone. For what must land on the state it was meant for or nowhere: a
+    /// refund, a synced round's global state. True when `step` stuck.
+    pub(crate) fn update_word(
+        &self,
+        key_hash: u64,
+        rule: RuleId,
+        mut step: impl FnMut(&Inline<'_>, u64) -> Option<()>,
+    ) -> bool {
+        let hash = rule_hash(key_hash, rule);
+        let mut last = std::ptr::null();
+        while let Found::Inline { slot, tag, word } = self.find(hash) {
+            if std::ptr::eq(slot, last) {
+                // The same slot, no longer the key's: the state was removed.
+                return false;
+            }
+            last = slot;
+            if step(&Inline { slot, tag }, word).is_some() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Inserts (`key_hash`, `rule`) as a word state holding `first` (a fresh state after its
+    /// first call, so insertion and first charge are one write). `Ok(false)` when it turned
+    /// out to be present already (the caller charges that); `Err(Full)` at the cap when
+    /// nothing may be evicted.
+    pub(crate) fn insert_word(
+        &self,
+        key_hash: u64,
+        rule: RuleId,
+        first: u64,
+        fresh: Fresh<'_>,
+    ) -> Result<bool, Full> {
+        self.insert_inline(rule_hash(key_hash, rule), first, fresh)
+    }
+
+    /// Starts loading the cache line where (`key_hash`, `rule`)'s probe starts: every rule of
+    /// a key starts in the same one (see [`rule_hash`]).
+    #[inline(always)]
+    pub(crate) fn prefetch_state(&self, key_hash: u64, rule: RuleId) {
+        self.prefetch(rule_hash(key_hash, rule));
+    }
+
+    /// Where (`key_hash`, `rule`)'s state sits, for tests: (groups from its home group,
+    /// whether it is in the first slot its probe reads); `None` when no slot holds it.
+    #[cfg(test)]
+    pub(crate) fn placement_of(&self, key_hash: u64, rule: RuleId) -> Option<(usize, bool)> {
+        self.placement(rule_hash(key_hash, rule))
+    }
+}
