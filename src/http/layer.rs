@@ -183,7 +183,7 @@ struct CompiledRule {
 struct Core<C: Clock> {
     limiter: Arc<Limiter<HttpKey, C>>,
     config: HttpConfig,
-    /// By plan id (`PlanId.0`): each configured plan.
+    /// By plan id (its index): each configured plan.
     plans: Vec<Option<PlanInfo>>,
     default_plan: PlanId,
     api_key_plans: HashMap<String, PlanId>,
@@ -319,7 +319,7 @@ impl<C: Clock> RateLimitLayer<C> {
         };
         let mut plans: Vec<Option<PlanInfo>> = Vec::new();
         for (name, plan) in &config.plans {
-            let at = id(name)?.0 as usize;
+            let at = id(name)?.index();
             if plans.len() <= at {
                 plans.resize_with(at + 1, || None);
             }
@@ -330,7 +330,7 @@ impl<C: Clock> RateLimitLayer<C> {
         }
         let default_plan = match &config.default_plan {
             Some(name) => id(name)?,
-            None => PlanId::DEFAULT,
+            None => limiter.default_plan_id(),
         };
         let mut api_key_plans = HashMap::new();
         for (key, plan) in &config.api_keys {
@@ -1332,7 +1332,7 @@ fn exact_serves(config: &HttpConfig) -> Result<(), Error> {
 
 /// The layer's view of plan `id`.
 fn plan_info(plans: &[Option<PlanInfo>], id: PlanId) -> Option<&PlanInfo> {
-    plans.get(id.0 as usize).and_then(Option::as_ref)
+    plans.get(id.index()).and_then(Option::as_ref)
 }
 
 /// One limit charged for a request.

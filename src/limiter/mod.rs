@@ -968,7 +968,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// Checks `cost` units for `key` under `plan` (resolved per request, e.g. from the caller's
     /// account), with that plan's strategy. Each of the plan's quotas is its own state for the
-    /// key, shared with every other plan that lists an equal quota.
+    /// key, shared with every other plan that lists an equal quota. A `plan` another limiter
+    /// issued is [`Error::ForeignPlan`].
     ///
     /// ```
     /// use tollgate::{Limiter, Plan, Quota};
@@ -1105,9 +1106,17 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             .all(|p| p.rule.kind == crate::quota::Kind::Gcra))
     }
 
-    /// The plan called `name`.
+    /// The plan called `name`: an id for this limiter's calls (and only this limiter's: see
+    /// [`PlanId`]), which stays the plan's when [`set_plan`](Self::set_plan) changes it.
     pub fn plan(&self, name: &str) -> Option<PlanId> {
         self.book.current().by_name.get(name).copied()
+    }
+
+    /// This limiter's own id of its default plan: the plan [`PlanId::DEFAULT`] names here, as
+    /// [`plan`](Self::plan) gives it (for tables keyed by plan id).
+    #[cfg(feature = "http")]
+    pub(crate) fn default_plan_id(&self) -> PlanId {
+        self.book.current().default_id()
     }
 
     /// The names of the plans, in [`PlanId`] order.
