@@ -26,6 +26,7 @@ use crate::http::{format, grpc};
 use crate::ip::client_ip_key;
 use crate::limiter::{Detailed, Limiter, Part, PlanId};
 use crate::quota::Quota;
+use crate::stats::Count;
 use crate::sweep::Sweeper;
 
 /// The key the layer's limiter is keyed by: which limit (the client's own plan, or a rule) and
@@ -1138,12 +1139,16 @@ impl<C: Clock> RateLimitLayer<C> {
                     }
                 }
                 Err(e) => {
+                    // The admissions before the failure are counted nowhere, as the call.
+                    let admitted = denied.unwrap_or(checks.len());
+                    recount(&core.limiter, &checks[..admitted], &[], false);
                     undo_all(&core.limiter, &mut checks);
                     return Verdict::Error(e);
                 }
             }
         }
         if let Some(at) = denied {
+            recount(&core.limiter, &checks[..at], &checks[at + 1..], true);
             refund_all(&core.limiter, &mut checks[..at], cost);
             if core.rules.is_empty() {
                 client = checks[0].key.client.clone();
@@ -1471,6 +1476,24 @@ struct Passed {
     checks: Checks,
     cost: u64,
     delay: u64,
+}
+
+/// Counts a request that one of its checks denied (`elsewhere`) under the plans of the others
+/// (see [`PlanStats`](crate::PlanStats)): `admitted`, charged before the denial, in place of
+/// what each counted; `peeked`, after it, on their own. With `elsewhere` false the admissions
+/// are only taken back (the request failed). On the thread that charged them.
+fn recount<C: Clock>(
+    limiter: &Limiter<HttpKey, C>,
+    admitted: &[Check],
+    peeked: &[Check],
+    elsewhere: bool,
+) {
+    for c in admitted {
+        limiter.recount(c.plan, Some(Count::of(&c.detailed.decision)), elsewhere);
+    }
+    for c in peeked {
+        limiter.recount(c.plan, None, elsewhere);
+    }
 }
 
 fn undo_all<C: Clock>(limiter: &Limiter<HttpKey, C>, checks: &mut [Check]) {

@@ -1222,6 +1222,23 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         Ok(id)
     }
 
+    /// Counts under `plan` a request that another limit of the same call denied
+    /// (`elsewhere`; see [`PlanStats`]): in place of `counted`, what this plan's own decision
+    /// counted on this thread (an admission or a soft pass, taken back), or on its own. With
+    /// `elsewhere` false only `counted` is taken back (the call failed: nothing is counted).
+    pub(crate) fn recount(&self, plan: PlanId, counted: Option<Count>, elsewhere: bool) {
+        // The plan's counts: a plan change meanwhile keeps them (they move to the new book).
+        let Ok(plan) = self.book.current().get(plan) else {
+            return;
+        };
+        if let Some(c) = counted {
+            plan.counts.uncount(c);
+        }
+        if elsewhere {
+            plan.counts.count(Count::DeniedElsewhere, 0);
+        }
+    }
+
     /// Counts a decision made for `plan` elsewhere (exact mode, on Redis) in the plan's stats.
     #[cfg(feature = "redis")]
     pub(crate) fn count_external(&self, plan: PlanId, d: &Decision) {
@@ -1280,7 +1297,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// Each plan's decisions so far, in the order the plans were added (`"default"` first):
     /// exact, and summing to [`stats`](Self::stats)' decision counts. A plan's own calls and
-    /// its share of [`check_all`] count under it.
+    /// its share of [`check_all`] count under it, each for what the plan decided: a
+    /// [`check_all`] that another part denied is [`PlanStats::denied_elsewhere`] here, not
+    /// `denied`.
     ///
     /// ```
     /// use tollgate::{FakeClock, Limiter, Plan, Quota};
