@@ -66,6 +66,9 @@ pub enum Error {
     },
     /// A plan name that the limiter does not know.
     UnknownPlan(String),
+    /// A [`PlanId`](crate::PlanId) that another limiter issued: a limiter charges only plans
+    /// it resolved itself ([`Limiter::plan`](crate::Limiter::plan)).
+    ForeignPlan(crate::PlanId),
     /// A `max_keys` of zero.
     ZeroMaxKeys,
     /// `Builder::shards` is outside the accepted range.
@@ -135,6 +138,12 @@ impl fmt::Display for Error {
                 "plan '{plan}': headroom {headroom} leaves nothing of capacity {capacity}"
             ),
             Error::UnknownPlan(name) => write!(f, "unknown plan '{name}'"),
+            Error::ForeignPlan(id) => write!(
+                f,
+                "plan id #{} belongs to another limiter: resolve the plan with this limiter's \
+                 plan(name)",
+                id.index
+            ),
             Error::ZeroMaxKeys => f.write_str("max_keys is 0: the table must hold at least 1 key"),
             Error::ShardsOutOfRange { shards, max } => write!(
                 f,

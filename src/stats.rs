@@ -20,12 +20,16 @@ use crate::sync::{AtomicU64, Ordering, StaticMutex};
 pub struct Stats {
     /// Requests admitted (including those admitted after a delay).
     pub allowed: u64,
-    /// Requests denied (over quota, blocked, or a full table).
+    /// Requests this limiter denied (over quota, blocked, or a full table).
     pub denied: u64,
     /// Requests over quota let through by a soft strategy.
     pub soft_passed: u64,
     /// Denials of new keys because the table was at `max_keys`.
     pub table_full: u64,
+    /// Requests this limiter did not deny that another limit of the same call did (a later or
+    /// earlier part of [`check_all`](crate::check_all), another rule of the HTTP layer), so
+    /// nothing of them stays charged here: not in `allowed`, not in `denied`.
+    pub denied_elsewhere: u64,
     /// Keys in the table now.
     pub keys: u64,
     /// Keys evicted to make room for new ones (only ever fresh ones).
@@ -43,7 +47,7 @@ pub struct Stats {
 impl Stats {
     /// Publishes these figures through the [`metrics`] facade, each labelled `limiter = name`:
     /// counters `tollgate_decisions_total` (label `outcome`: allowed, denied, soft_passed,
-    /// table_full), `tollgate_evictions_total`, `tollgate_sweeps_total`,
+    /// table_full, denied_elsewhere), `tollgate_evictions_total`, `tollgate_sweeps_total`,
     /// `tollgate_swept_keys_total`, `tollgate_cas_retries_total` (set to their totals, so calling
     /// again never counts twice) and the gauge `tollgate_keys`. The same names as the HTTP
     /// layer's Prometheus text.
@@ -108,6 +112,7 @@ pub(crate) mod publish {
             ("denied", st.denied),
             ("soft_passed", st.soft_passed),
             ("table_full", st.table_full),
+            ("denied_elsewhere", st.denied_elsewhere),
         ] {
             counter!(
                 "tollgate_decisions_total",
@@ -135,6 +140,7 @@ pub(crate) mod publish {
                 ("denied", p.denied),
                 ("soft_passed", p.soft_passed),
                 ("table_full", p.table_full),
+                ("denied_elsewhere", p.denied_elsewhere),
             ] {
                 let labels = with(base, &[("plan", &p.plan), ("outcome", outcome)]);
                 counter!("tollgate_plan_decisions_total", labels).absolute(v);
@@ -151,6 +157,13 @@ pub(crate) mod publish {
 /// One plan's decisions so far ([`Limiter::plan_stats`](crate::Limiter::plan_stats)): exact
 /// per plan, and together the decision counts of [`Stats`]. A plan replaced by
 /// [`set_plan`](crate::Limiter::set_plan) keeps counting under its name.
+///
+/// Each request under the plan counts once, for what the plan itself decided: `allowed`,
+/// `denied` (with `table_full` among them) or `soft_passed`, or, when another limit of the same
+/// call denied it ([`check_all`](crate::check_all)'s other parts, the HTTP layer's other
+/// rules), `denied_elsewhere`. So a request that a per-user plan admitted and a global limit
+/// denied is `denied_elsewhere` for the user's plan (its charge refunded) and `denied` for the
+/// global limit's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PlanStats {
@@ -158,12 +171,15 @@ pub struct PlanStats {
     pub plan: String,
     /// Requests admitted under the plan.
     pub allowed: u64,
-    /// Requests denied under the plan (over quota, blocked, or a full table).
+    /// Requests the plan denied (over quota, blocked, or a full table).
     pub denied: u64,
     /// Requests over quota let through by the plan's soft strategy.
     pub soft_passed: u64,
     /// Denials of new states under the plan because the table was at `max_keys`.
     pub table_full: u64,
+    /// Requests the plan did not deny that another limit of the same call did: admitted here
+    /// and refunded, or never decided here (a part after the one that denied).
+    pub denied_elsewhere: u64,
 }
 
 /// One rule's states ([`Limiter::rule_stats`](crate::Limiter::rule_stats)): a rule is one
@@ -197,11 +213,13 @@ pub(crate) enum Count {
     Denied = 1,
     SoftPassed = 2,
     TableFull = 3,
+    /// Another limit of the same call denied the request (see [`PlanStats::denied_elsewhere`]).
+    DeniedElsewhere = 4,
 }
 
 impl Count {
     /// How many kinds of count there are (the length of a stripe's `counts`).
-    const KINDS: usize = Count::TableFull as usize + 1;
+    const KINDS: usize = Count::DeniedElsewhere as usize + 1;
 
     /// The counter a decision adds to.
     pub(crate) fn of(d: &crate::Decision) -> Count {
@@ -431,8 +449,8 @@ impl Counts {
         self.tally().add(what, retries);
     }
 
-    /// Takes back one count of `what` that this thread added (a compound charge counted as
-    /// admitted, then denied or failed by a later part).
+    /// Takes back one count of `what` that this thread added (a part of a call counted as
+    /// admitted, then denied or failed by another part).
     #[inline]
     pub(crate) fn uncount(&self, what: Count) {
         let t = self.tally();
@@ -478,6 +496,7 @@ impl Counts {
             denied: st.denied,
             soft_passed: st.soft_passed,
             table_full: st.table_full,
+            denied_elsewhere: st.denied_elsewhere,
         }
     }
 
@@ -490,6 +509,7 @@ impl Counts {
             st.denied += n(Count::Denied);
             st.soft_passed += n(Count::SoftPassed);
             st.table_full += n(Count::TableFull);
+            st.denied_elsewhere += n(Count::DeniedElsewhere);
             st.cas_retries += s.cas_retries.load(Ordering::Relaxed);
         }
     }

@@ -16,6 +16,21 @@ pub(crate) use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWri
 /// OS thread's index and counts on the shared stripe, so the models lose nothing.
 pub(crate) use std::sync::Mutex as StaticMutex;
 
+/// A tag for a new limiter, distinct from every other limiter's in the process until 2^32 - 1
+/// have been built (then the tags come round again), never 0: its plan ids carry it (see
+/// `PlanId`). A process-wide counter that no model needs to see, like [`StaticMutex`]: it
+/// orders nothing, it only hands out distinct values.
+pub(crate) fn next_limiter_tag() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    loop {
+        // Relaxed: only distinctness matters, which one RMW gives.
+        let tag = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if tag != 0 {
+            return tag;
+        }
+    }
+}
+
 #[cfg(tollgate_loom)]
 pub(crate) use loom::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering,

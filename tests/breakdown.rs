@@ -51,8 +51,8 @@ fn each_plan_counts_its_own_decisions_exactly() {
         "the plans sum to the totals"
     );
 
-    // check_all counts in each part's plan: the global limit denies the third call, and the
-    // per-user part, charged then refunded, counts that denial too.
+    // check_all counts in each part's plan what that plan decided: the global limit denies the
+    // third call; the per-user part, charged then refunded, did not deny it.
     let global = Limiter::<()>::builder()
         .quota(Quota::per_minute(2))
         .clock(clock.clone())
@@ -61,7 +61,8 @@ fn each_plan_counts_its_own_decisions_exactly() {
     for _ in 0..3 {
         let _ = check_all(&[&l.key_in(&9, pro), &global.key(&())], 1).unwrap();
     }
-    assert_eq!(by_plan(&l)[1], ("pro".to_string(), 7, 2));
+    assert_eq!(by_plan(&l)[1], ("pro".to_string(), 7, 1));
+    assert_eq!(l.plan_stats()[1].denied_elsewhere, 1);
     let g = global.plan_stats();
     assert_eq!((g[0].allowed, g[0].denied), (2, 1));
     assert_eq!(l.check_in(&9, pro, 1).unwrap().remaining(), 2, "refunded");
@@ -70,7 +71,73 @@ fn each_plan_counts_its_own_decisions_exactly() {
     l.set_plan("pro", Plan::new([Quota::per_minute(50)]))
         .unwrap();
     assert!(l.check_in(&2, pro, 1).unwrap().is_allowed());
-    assert_eq!(by_plan(&l)[1], ("pro".to_string(), 9, 2));
+    assert_eq!(by_plan(&l)[1], ("pro".to_string(), 9, 1));
+}
+
+/// (allowed, denied, denied_elsewhere) of plan `i`.
+fn decided<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
+    l: &Limiter<K, FakeClock>,
+    i: usize,
+) -> (u64, u64, u64) {
+    let p = &l.plan_stats()[i];
+    (p.allowed, p.denied, p.denied_elsewhere)
+}
+
+/// In `check_all` each plan counts what it decided. A request that the user's plan admitted
+/// and the global limit denied is `denied` under the global limit and `denied_elsewhere` under
+/// the user's plan (its charge refunded), not `denied` there; so is a request the global limit
+/// denied before the user's plan was asked, and a part after the one that denied. The
+/// limiters' totals are the sums.
+#[test]
+fn check_all_counts_a_denial_under_the_part_that_denied() {
+    let clock = FakeClock::new();
+    let users = Limiter::<u64, _>::builder()
+        .quota(Quota::per_minute(10))
+        .plan("pro", Plan::new([Quota::per_minute(100)]))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let global = Limiter::<()>::builder()
+        .quota(Quota::per_minute(2))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let pro = users.plan("pro").unwrap();
+    let allowed: Vec<bool> = (0..3)
+        .map(|_| {
+            check_all(&[&users.key_in(&1, pro), &global.key(&())], 1)
+                .unwrap()
+                .is_allowed()
+        })
+        .collect();
+    assert_eq!(allowed, [true, true, false]);
+    assert_eq!(decided(&users, 1), (2, 0, 1), "pro admitted the third");
+    assert_eq!(decided(&global, 0), (2, 1, 0), "the global limit denied it");
+    // The global limit first: it denies, and the user's plan is never charged.
+    assert!(
+        !check_all(&[&global.key(&()), &users.key_in(&1, pro)], 1)
+            .unwrap()
+            .is_allowed()
+    );
+    assert_eq!(decided(&users, 1), (2, 0, 2));
+    assert_eq!(decided(&global, 0), (2, 2, 0));
+    // Three parts: pro admits, the global limit denies, the default plan after it is not asked.
+    assert!(
+        !check_all(
+            &[&users.key_in(&2, pro), &global.key(&()), &users.key(&2)],
+            1
+        )
+        .unwrap()
+        .is_allowed()
+    );
+    assert_eq!(decided(&users, 1), (2, 0, 3));
+    assert_eq!(decided(&users, 0), (0, 0, 1));
+    assert_eq!(decided(&global, 0), (2, 3, 0));
+    let (u, g) = (users.stats(), global.stats());
+    assert_eq!((u.allowed, u.denied, u.denied_elsewhere), (2, 0, 4));
+    assert_eq!((g.allowed, g.denied, g.denied_elsewhere), (2, 3, 0));
+    // Only what pro admitted stays charged for key 1: 2 of 100, so one more leaves 97.
+    assert_eq!(users.peek_in(&1, pro, 1).unwrap().remaining(), 97);
 }
 
 #[test]
@@ -291,5 +358,43 @@ mod http_metrics {
             1.0
         );
         assert!(text.contains("# TYPE tollgate_plan_decisions_total counter"));
+    }
+
+    /// The HTTP layer counts as `check_all` does: a request its client plan admitted and the
+    /// global rule denied is `denied_elsewhere` under the client plan, and one the client plan
+    /// denied is `denied_elsewhere` under the global rule's plan (only peeked).
+    #[tokio::test]
+    async fn a_rule_that_denies_is_the_one_that_counts_the_denial() {
+        let config = HttpConfig::parse(
+            "[plans.free]\nlimit = 3\nwindow = \"1m\"\n\
+             [plans.global]\nlimit = 4\nwindow = \"1m\"\n\
+             [http]\nkey = \"ip\"\ndefault_plan = \"free\"\n\
+             [http.global]\nplan = \"global\"\n",
+        )
+        .unwrap()
+        .sweep_interval(None);
+        let layer = RateLimitLayer::with_clock(config, FakeClock::new()).unwrap();
+        let limiter = layer.limiter().clone();
+        let app = Router::new()
+            .route("/", get(|| async { "hello" }))
+            .layer(layer);
+        let addr = serve(app).await;
+        let (a, b) = (client_from("127.0.0.1"), client_from("127.0.0.2"));
+        let mut statuses = Vec::new();
+        // a: 3 pass, the 4th is free's denial; b: 1 passes (the global limit's 4th unit), the
+        // next is the global limit's denial.
+        for client in [&a, &a, &a, &a, &b, &b] {
+            statuses.push(get_req(client, addr, "/", &[]).await.status);
+        }
+        let (ok, limited) = (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(statuses, [ok, ok, ok, limited, ok, limited]);
+        let counts: Vec<(String, u64, u64, u64)> = limiter
+            .plan_stats()
+            .into_iter()
+            .map(|p| (p.plan, p.allowed, p.denied, p.denied_elsewhere))
+            .collect();
+        let want = |plan: &str, a, d, e| (plan.to_string(), a, d, e);
+        assert!(counts.contains(&want("free", 4, 1, 1)), "{counts:?}");
+        assert!(counts.contains(&want("global", 4, 1, 1)), "{counts:?}");
     }
 }

@@ -26,6 +26,7 @@ use crate::http::{format, grpc};
 use crate::ip::client_ip_key;
 use crate::limiter::{Detailed, Limiter, Part, PlanId};
 use crate::quota::Quota;
+use crate::stats::Count;
 use crate::sweep::Sweeper;
 
 /// The key the layer's limiter is keyed by: which limit (the client's own plan, or a rule) and
@@ -189,7 +190,7 @@ const NO_PEER_FIX: &str = "the server does not pass the client's address to the 
 struct Core<C: Clock> {
     limiter: Arc<Limiter<HttpKey, C>>,
     config: HttpConfig,
-    /// By plan id (`PlanId.0`): each configured plan.
+    /// By plan id (its index): each configured plan.
     plans: Vec<Option<PlanInfo>>,
     default_plan: PlanId,
     api_key_plans: HashMap<String, PlanId>,
@@ -327,7 +328,7 @@ impl<C: Clock> RateLimitLayer<C> {
         };
         let mut plans: Vec<Option<PlanInfo>> = Vec::new();
         for (name, plan) in &config.plans {
-            let at = id(name)?.0 as usize;
+            let at = id(name)?.index();
             if plans.len() <= at {
                 plans.resize_with(at + 1, || None);
             }
@@ -338,7 +339,7 @@ impl<C: Clock> RateLimitLayer<C> {
         }
         let default_plan = match &config.default_plan {
             Some(name) => id(name)?,
-            None => PlanId::DEFAULT,
+            None => limiter.default_plan_id(),
         };
         let mut api_key_plans = HashMap::new();
         for (key, plan) in &config.api_keys {
@@ -1176,12 +1177,16 @@ impl<C: Clock> RateLimitLayer<C> {
                     }
                 }
                 Err(e) => {
+                    // The admissions before the failure are counted nowhere, as the call.
+                    let admitted = denied.unwrap_or(checks.len());
+                    recount(&core.limiter, &checks[..admitted], &[], false);
                     undo_all(&core.limiter, &mut checks);
                     return Verdict::Error(e);
                 }
             }
         }
         if let Some(at) = denied {
+            recount(&core.limiter, &checks[..at], &checks[at + 1..], true);
             refund_all(&core.limiter, &mut checks[..at], cost);
             if core.rules.is_empty() {
                 client = checks[0].key.client.clone();
@@ -1370,7 +1375,7 @@ fn exact_serves(config: &HttpConfig) -> Result<(), Error> {
 
 /// The layer's view of plan `id`.
 fn plan_info(plans: &[Option<PlanInfo>], id: PlanId) -> Option<&PlanInfo> {
-    plans.get(id.0 as usize).and_then(Option::as_ref)
+    plans.get(id.index()).and_then(Option::as_ref)
 }
 
 /// One limit charged for a request.
@@ -1509,6 +1514,24 @@ struct Passed {
     checks: Checks,
     cost: u64,
     delay: u64,
+}
+
+/// Counts a request that one of its checks denied (`elsewhere`) under the plans of the others
+/// (see [`PlanStats`](crate::PlanStats)): `admitted`, charged before the denial, in place of
+/// what each counted; `peeked`, after it, on their own. With `elsewhere` false the admissions
+/// are only taken back (the request failed). On the thread that charged them.
+fn recount<C: Clock>(
+    limiter: &Limiter<HttpKey, C>,
+    admitted: &[Check],
+    peeked: &[Check],
+    elsewhere: bool,
+) {
+    for c in admitted {
+        limiter.recount(c.plan, Some(Count::of(&c.detailed.decision)), elsewhere);
+    }
+    for c in peeked {
+        limiter.recount(c.plan, None, elsewhere);
+    }
 }
 
 fn undo_all<C: Clock>(limiter: &Limiter<HttpKey, C>, checks: &mut [Check]) {

@@ -84,13 +84,39 @@ impl Plan {
 }
 
 /// A handle to one of a limiter's plans, resolved once by name with
-/// [`Limiter::plan`](crate::Limiter::plan).
+/// [`Limiter::plan`](crate::Limiter::plan). It belongs to the limiter that issued it: another
+/// limiter refuses it with [`Error::ForeignPlan`] (it never charges one of its own plans
+/// instead). [`PlanId::DEFAULT`] alone is every limiter's: their default plan.
+///
+/// ```
+/// use tollgate::{Error, Limiter, Plan, PlanId, Quota};
+/// let a = Limiter::<u64>::builder().quota(Quota::per_second(5)).plan("pro", Plan::new([Quota::per_second(50)])).build()?;
+/// let b = Limiter::<u64>::builder().quota(Quota::per_second(5)).plan("pro", Plan::new([Quota::per_second(50)])).build()?;
+/// let pro = a.plan("pro").unwrap();
+/// assert!(a.check_in(&1, pro, 1)?.is_allowed());
+/// assert_eq!(b.check_in(&1, pro, 1), Err(Error::ForeignPlan(pro)));
+/// assert!(b.check_in(&1, PlanId::DEFAULT, 1)?.is_allowed());
+/// # Ok::<(), tollgate::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PlanId(pub(crate) u32);
+pub struct PlanId {
+    /// The plan's place in its limiter's books.
+    pub(crate) index: u32,
+    /// The issuing limiter's tag ([`Book::owner`]); 0 only in [`PlanId::DEFAULT`].
+    pub(crate) owner: u32,
+}
 
 impl PlanId {
-    /// The plan that [`Limiter::check`](crate::Limiter::check) uses.
-    pub const DEFAULT: PlanId = PlanId(0);
+    /// The plan that [`Limiter::check`](crate::Limiter::check) uses, of whichever limiter it is
+    /// given to. Not equal to the id [`Limiter::plan`](crate::Limiter::plan) returns for that
+    /// plan, which names one limiter's.
+    pub const DEFAULT: PlanId = PlanId { index: 0, owner: 0 };
+
+    /// The plan's place in its limiter's books (and in tables kept beside them).
+    #[inline]
+    pub(crate) fn index(self) -> usize {
+        self.index as usize
+    }
 }
 
 /// One part of a compiled plan: its rule, by id and by value.
@@ -153,6 +179,9 @@ impl Compiled {
 /// changes.
 #[derive(Debug)]
 pub(crate) struct Book {
+    /// The limiter's tag, the same in all its books: the plan ids it issues carry it, so an id
+    /// from another limiter is told apart with one compare.
+    pub(crate) owner: u32,
     pub(crate) plans: Vec<Compiled>,
     pub(crate) by_name: HashMap<String, PlanId>,
     /// Every distinct rule any book of this limiter ever had, by id: append-only, so a state's
@@ -236,6 +265,7 @@ impl Book {
         inline: bool,
     ) -> Result<Book, Error> {
         let mut rules: Vec<Rule> = previous.map(|b| b.rules.clone()).unwrap_or_default();
+        let owner = previous.map_or_else(crate::sync::next_limiter_tag, |b| b.owner);
         let mut compiled: Vec<Compiled> = Vec::with_capacity(plans.len());
         let mut by_name = HashMap::new();
         for (name, plan) in plans {
@@ -251,8 +281,7 @@ impl Book {
                     ),
                 });
             }
-            let before =
-                previous.and_then(|b| b.by_name.get(name).map(|id| &b.plans[id.0 as usize]));
+            let before = previous.and_then(|b| b.by_name.get(name).map(|id| &b.plans[id.index()]));
             let mut parts = Vec::with_capacity(plan.quotas.len());
             for (i, quota) in plan.quotas.iter().enumerate() {
                 let rule = quota.compile(unix_epoch_ns)?;
@@ -275,7 +304,13 @@ impl Book {
                     capacity,
                 });
             }
-            by_name.insert(name.clone(), PlanId(compiled.len() as u32));
+            by_name.insert(
+                name.clone(),
+                PlanId {
+                    index: compiled.len() as u32,
+                    owner,
+                },
+            );
             compiled.push(Compiled {
                 name: name.clone(),
                 parts,
@@ -315,6 +350,7 @@ impl Book {
         }
         let inline = compiled.first().and_then(|p| p.inline.clone());
         Ok(Book {
+            owner,
             plans: compiled,
             by_name,
             rules,
@@ -322,11 +358,28 @@ impl Book {
         })
     }
 
+    /// Plan `id`, if this limiter issued it (or it is [`PlanId::DEFAULT`]).
     #[inline]
     pub(crate) fn get(&self, id: PlanId) -> Result<&Compiled, Error> {
-        match self.plans.get(id.0 as usize) {
+        // One compare on the common path (an id of this limiter); DEFAULT's owner is 0, which
+        // no limiter's tag is.
+        if id.owner != self.owner && id != PlanId::DEFAULT {
+            return Err(foreign_plan(id));
+        }
+        match self.plans.get(id.index()) {
             Some(plan) => Ok(plan),
             None => Err(unknown_plan(id)),
+        }
+    }
+
+    /// This limiter's own id of its default plan (what [`Limiter::plan`] gives for it), for
+    /// tables keyed by plan id, where [`PlanId::DEFAULT`] would be another key.
+    ///
+    /// [`Limiter::plan`]: crate::Limiter::plan
+    pub(crate) fn default_id(&self) -> PlanId {
+        PlanId {
+            index: 0,
+            owner: self.owner,
         }
     }
 }
@@ -351,7 +404,12 @@ fn intern(rules: &mut Vec<Rule>, rule: Rule) -> Result<RuleId, Error> {
 
 #[cold]
 fn unknown_plan(id: PlanId) -> Error {
-    Error::UnknownPlan(format!("#{}", id.0))
+    Error::UnknownPlan(format!("#{}", id.index))
+}
+
+#[cold]
+fn foreign_plan(id: PlanId) -> Error {
+    Error::ForeignPlan(id)
 }
 
 /// The current book behind one plain load.

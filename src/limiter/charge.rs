@@ -543,11 +543,12 @@ pub trait Part: sealed::Sealed {
     ) -> Result<bool, Error>;
     #[doc(hidden)]
     fn undo_part(&self, undo: Undo);
-    /// Counts the compound decision `merged` in the part's stats: in place of the admission
-    /// [`charge_part`](Self::charge_part) counted (`admitted`), or, for a part never charged,
-    /// on its own. `None`: the admission is not counted after all (the call failed).
+    /// Counts in the part's stats that another part denied the call (`elsewhere`): in place of
+    /// the admission [`charge_part`](Self::charge_part) counted (`admitted`), or, for a part
+    /// never charged, on its own. `elsewhere` false: the admission is not counted after all
+    /// (the call failed).
     #[doc(hidden)]
-    fn recount(&self, admitted: bool, merged: Option<&Decision>);
+    fn recount(&self, admitted: bool, elsewhere: bool);
     /// The part's decision for `cost` units without charging them (a peek), or with `held`
     /// what the part holds as it is (see [`Decision::held`]: a part charged and then
     /// refunded). `None` where the part cannot be peeked here (a plan gone, exact mode).
@@ -587,18 +588,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         );
     }
 
-    fn recount(&self, admitted: bool, merged: Option<&Decision>) {
-        // The plan's counts: a plan change meanwhile keeps them (they move to the new book).
-        let Ok(plan) = self.limiter.book.current().get(self.plan) else {
-            return;
-        };
-        let counters = &plan.counts;
-        if admitted {
-            counters.uncount(Count::Allowed);
-        }
-        if let Some(d) = merged {
-            counters.count(Count::of(d), 0);
-        }
+    fn recount(&self, admitted: bool, elsewhere: bool) {
+        self.limiter
+            .recount(self.plan, admitted.then_some(Count::Allowed), elsewhere);
     }
 
     fn peek_part(
@@ -788,7 +780,7 @@ pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
         // The common compound (per-user AND global): `charge_from` unrolled, no recursion.
         let mut undo = None;
         if !first.charge_part(cost, &mut merged, true, &mut undo, &mut time)? {
-            second.recount(false, Some(&merged));
+            second.recount(false, true);
             denied(parts, 0, cost, &mut merged, &mut time);
             return Ok(merged);
         }
@@ -797,7 +789,7 @@ pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
             if let Some(u) = undo {
                 first.undo_part(u);
             }
-            first.recount(true, admitted.is_ok().then_some(&merged));
+            first.recount(true, admitted.is_ok());
             if admitted.is_ok() {
                 denied(parts, 1, cost, &mut merged, &mut time);
             }
@@ -859,9 +851,9 @@ fn charge_from(
     let mut undo = None;
     if !part.charge_part(cost, merged, first, &mut undo, time)? {
         // This part denied: it counted the denial; the parts after it, never charged, count
-        // it too.
+        // it as denied elsewhere.
         for p in rest {
-            p.recount(false, Some(merged));
+            p.recount(false, true);
         }
         return Ok(Some(0));
     }
@@ -874,14 +866,14 @@ fn charge_from(
             if let Some(u) = undo {
                 part.undo_part(u);
             }
-            part.recount(true, Some(merged));
+            part.recount(true, true);
             Ok(Some(at + 1))
         }
         Err(e) => {
             if let Some(u) = undo {
                 part.undo_part(u);
             }
-            part.recount(true, None);
+            part.recount(true, false);
             Err(e)
         }
     }

@@ -82,7 +82,7 @@ impl<K> Exact<K> {
             let at = ids
                 .get(name)
                 .ok_or_else(|| Error::UnknownPlan(name.clone()))?
-                .0 as usize;
+                .index();
             if built.len() <= at {
                 built.resize_with(at + 1, || None);
             }
@@ -99,10 +99,10 @@ impl<K> Exact<K> {
     fn plan(&self, plan: PlanId) -> Result<ExactPlan, Error> {
         let plans = self.plans.read().unwrap_or_else(|e| e.into_inner());
         plans
-            .get(plan.0 as usize)
+            .get(plan.index())
             .and_then(Option::as_ref)
             .cloned()
-            .ok_or_else(|| Error::UnknownPlan(format!("#{}", plan.0)))
+            .ok_or_else(|| Error::UnknownPlan(format!("#{}", plan.index())))
     }
 
     /// What a synchronous call on an exact-mode limiter gets (in `mode`, the plan's strategy

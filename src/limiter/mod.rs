@@ -944,7 +944,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// Checks `cost` units for `key` under `plan` (resolved per request, e.g. from the caller's
     /// account), with that plan's strategy. Each of the plan's quotas is its own state for the
-    /// key, shared with every other plan that lists an equal quota.
+    /// key, shared with every other plan that lists an equal quota. A `plan` another limiter
+    /// issued is [`Error::ForeignPlan`].
     ///
     /// ```
     /// use tollgate::{Limiter, Plan, Quota};
@@ -1081,9 +1082,17 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             .all(|p| p.rule.kind == crate::quota::Kind::Gcra))
     }
 
-    /// The plan called `name`.
+    /// The plan called `name`: an id for this limiter's calls (and only this limiter's: see
+    /// [`PlanId`]), which stays the plan's when [`set_plan`](Self::set_plan) changes it.
     pub fn plan(&self, name: &str) -> Option<PlanId> {
         self.book.current().by_name.get(name).copied()
+    }
+
+    /// This limiter's own id of its default plan: the plan [`PlanId::DEFAULT`] names here, as
+    /// [`plan`](Self::plan) gives it (for tables keyed by plan id).
+    #[cfg(feature = "http")]
+    pub(crate) fn default_plan_id(&self) -> PlanId {
+        self.book.current().default_id()
     }
 
     /// The names of the plans, in [`PlanId`] order.
@@ -1189,6 +1198,23 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         Ok(id)
     }
 
+    /// Counts under `plan` a request that another limit of the same call denied
+    /// (`elsewhere`; see [`PlanStats`]): in place of `counted`, what this plan's own decision
+    /// counted on this thread (an admission or a soft pass, taken back), or on its own. With
+    /// `elsewhere` false only `counted` is taken back (the call failed: nothing is counted).
+    pub(crate) fn recount(&self, plan: PlanId, counted: Option<Count>, elsewhere: bool) {
+        // The plan's counts: a plan change meanwhile keeps them (they move to the new book).
+        let Ok(plan) = self.book.current().get(plan) else {
+            return;
+        };
+        if let Some(c) = counted {
+            plan.counts.uncount(c);
+        }
+        if elsewhere {
+            plan.counts.count(Count::DeniedElsewhere, 0);
+        }
+    }
+
     /// Counts a decision made for `plan` elsewhere (exact mode, on Redis) in the plan's stats.
     #[cfg(feature = "redis")]
     pub(crate) fn count_external(&self, plan: PlanId, d: &Decision) {
@@ -1247,7 +1273,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// Each plan's decisions so far, in the order the plans were added (`"default"` first):
     /// exact, and summing to [`stats`](Self::stats)' decision counts. A plan's own calls and
-    /// its share of [`check_all`] count under it.
+    /// its share of [`check_all`] count under it, each for what the plan decided: a
+    /// [`check_all`] that another part denied is [`PlanStats::denied_elsewhere`] here, not
+    /// `denied`.
     ///
     /// ```
     /// use tollgate::{FakeClock, Limiter, Plan, Quota};

@@ -432,6 +432,62 @@ fn a_plan_change_moves_each_state_once() {
     }
 }
 
+/// A plan id belongs to the limiter that issued it: another limiter refuses it with
+/// `ForeignPlan` on every call that takes a plan, whether its index lies past that limiter's
+/// plans or names one of them (which is never charged in its place). `PlanId::DEFAULT` is every
+/// limiter's default plan, and a plan changed in place keeps its id.
+#[test]
+fn a_plan_id_from_another_limiter_is_refused() {
+    let clock = FakeClock::new();
+    let build = |names: &[&str]| {
+        let mut b = Limiter::<u8>::builder()
+            .quota(Quota::per_minute(5))
+            .clock(clock.clone());
+        for name in names {
+            b = b.plan(*name, Plan::new([Quota::per_minute(1)]));
+        }
+        b.build().unwrap()
+    };
+    let a = build(&["x", "y", "z"]);
+    let b = build(&["w"]);
+    // `z` is #3, past b's two plans; `x` is #1, the place of b's `w`.
+    let (x, z) = (a.plan("x").unwrap(), a.plan("z").unwrap());
+    for id in [z, x] {
+        let foreign = crate::Error::ForeignPlan(id);
+        assert_eq!(b.check_in(&1, id, 1).unwrap_err(), foreign);
+        assert_eq!(b.peek_in(&1, id, 1).unwrap_err(), foreign);
+        assert_eq!(
+            b.reserve_in(&1, id, 1, Duration::from_secs(1)).unwrap_err(),
+            foreign
+        );
+        assert_eq!(check_all(&[&b.key_in(&1, id)], 1).unwrap_err(), foreign);
+    }
+    assert_eq!(
+        crate::Error::ForeignPlan(x).to_string(),
+        "plan id #1 belongs to another limiter: resolve the plan with this limiter's plan(name)"
+    );
+    // Nothing was charged or counted under b's plans: `w` (1 a minute) still has its unit.
+    assert_eq!(b.len(), 0);
+    let counted: u64 = b.plan_stats().iter().map(|p| p.allowed + p.denied).sum();
+    assert_eq!(counted, 0);
+    let w = b.plan("w").unwrap();
+    assert!(b.check_in(&1, w, 1).unwrap().is_allowed());
+    // Each limiter takes its own ids, and DEFAULT is each one's default plan.
+    assert!(a.check_in(&1, x, 1).unwrap().is_allowed());
+    assert_eq!(b.check_in(&1, PlanId::DEFAULT, 1).unwrap().remaining(), 4);
+    assert_eq!(a.check_in(&1, PlanId::DEFAULT, 1).unwrap().remaining(), 4);
+    // A plan changed in place keeps its id, still a's alone.
+    assert_eq!(
+        a.set_plan("x", Plan::new([Quota::per_minute(2)])).unwrap(),
+        x
+    );
+    assert!(a.check_in(&1, x, 1).unwrap().is_allowed());
+    assert_eq!(
+        b.check_in(&1, x, 1).unwrap_err(),
+        crate::Error::ForeignPlan(x)
+    );
+}
+
 /// Penalties live beside the states: at most `max_keys` keys under one at once, every plan of a
 /// blocked key denied, and a sweep drops the expired ones so new keys can be blocked.
 #[test]
