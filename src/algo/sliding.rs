@@ -18,8 +18,7 @@
 //! again: only ever more restrictive, and the sweeper removes such keys long before. A clock that
 //! steps back more than 2^12 windows sees fresh keys.
 
-use super::{Step, window_of};
-use crate::quota::Rule;
+use super::{Rule, Step, window_of};
 
 /// Width of each counter.
 const COUNT_BITS: u32 = 22;

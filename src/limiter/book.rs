@@ -5,10 +5,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::algo::{Kind, Rule};
 use crate::cell::Mode;
 use crate::clock::nanos;
 use crate::error::Error;
-use crate::quota::{Kind, Quota, Rule};
+use crate::quota::Quota;
 use crate::stats::Counts;
 use crate::store::{MAX_RULES, RuleId};
 use crate::sync::{AtomicPtr, Ordering};

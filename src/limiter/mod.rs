@@ -1102,7 +1102,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         Ok(plan
             .parts
             .iter()
-            .all(|p| p.rule.kind == crate::quota::Kind::Gcra))
+            .all(|p| p.rule.kind == crate::algo::Kind::Gcra))
     }
 
     /// The plan called `name`.

@@ -41,11 +41,11 @@ use super::link::{Breaker, Gate, Link, Target};
 use super::round::{Global, Push, Reconciler};
 use super::track::{self, Tracker, Units};
 use super::{Common, FailurePolicy, common_setters};
+use crate::algo::{Kind, Rule};
 use crate::cell::update;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::quota::{Kind, Rule};
 use crate::sync::{AtomicU64, Ordering};
 
 /// One key's local state: its word cell and what synced mode tracks beside it.

@@ -10,8 +10,8 @@ pub(crate) mod flat;
 #[cfg(tollgate_loom)]
 pub(crate) mod loom_dash;
 
+use crate::algo::Rule;
 use crate::cell::Cell;
-use crate::quota::Rule;
 use crate::sync::{AtomicUsize, Ordering};
 
 #[cfg(not(tollgate_loom))]
