@@ -10,13 +10,14 @@
 
 use std::hash::Hash;
 
-use super::book::{Book, Compiled, MAX_PARTS, PartRule, PlanId};
+use super::book::{Book, Compiled, PartRule};
 use super::{Limiter, Map};
 use crate::algo::Kind;
 use crate::cell::{self, Applied, Cell, Mode};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
+use crate::plan::{MAX_PARTS, PlanId};
 use crate::stats::{Count, Counts};
 use crate::store::flat::Found;
 use crate::store::{FlatStore, Fresh, Full, RuleId, Store, rule_hash};

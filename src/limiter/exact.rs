@@ -13,11 +13,11 @@ use std::sync::RwLock;
 use std::time::Duration;
 
 use super::Limiter;
-use super::book::{Plan, PlanId, Strategy};
 use crate::cell::Mode;
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
+use crate::plan::{Plan, PlanId, Strategy};
 use crate::redis::{RedisConfig, RedisLimiter};
 use crate::sync::{AtomicU64, Ordering};
 

@@ -15,7 +15,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use book::{MAX_PARTS, Plan, PlanId, Strategy};
+pub use crate::plan::{MAX_PARTS, Plan, PlanId, Strategy};
 #[cfg(feature = "http")]
 pub(crate) use charge::Detailed;
 pub use charge::{Bound, Part, check_all};
@@ -804,7 +804,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         } else {
             // The first part's charge taken back by the general path's own refund.
             let refund_first = || {
-                let mut tokens = [None; book::MAX_PARTS];
+                let mut tokens = [None; MAX_PARTS];
                 tokens[0] = a.token.map(|t| (pair.ids[0], t));
                 self.refund(book, key, hash, cost, &mut tokens, now);
             };
