@@ -215,8 +215,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     ) -> Result<Applied, Full> {
         match &self.store {
             #[cfg(feature = "redis")]
-            Map::Flat(s) if self.shared.is_some() => {
-                self.apply_shared(s, book, key, hash, part, headroom, now, cost, mode)
+            Map::Flat(s) if self.synced.is_some() => {
+                self.apply_synced(s, book, key, hash, part, headroom, now, cost, mode)
             }
             Map::Flat(s) if part.rule.kind != Kind::Log => self.apply_inline(
                 s, book, key, hash, part, headroom, now, cost, mode, with_token, &NoHook,
@@ -436,7 +436,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                         let slot = cell::Inline { slot, tag };
                         if cell::refund_inline(&slot, word, cost, rule, token, now).is_some() {
                             #[cfg(feature = "redis")]
-                            self.refund_shared(key, hash, id, rule, now, cost);
+                            self.refund_synced(key, hash, id, rule, now, cost);
                             break;
                         }
                     }

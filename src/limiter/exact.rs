@@ -212,7 +212,7 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
                 any |= redis.reset(&name).await?;
             }
         }
-        if let Some(sh) = &self.shared {
+        if let Some(sh) = &self.synced {
             let rules = self.book.current().rules.clone();
             let (now, epoch) = (self.clock.now(), self.clock.unix_epoch_ns());
             any |= sh
