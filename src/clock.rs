@@ -55,10 +55,9 @@ const CLAMP_GRANULE_NS: u64 = 1_000_000;
 /// OS monotonic clock).
 ///
 /// On the TSC the counter is read inline and scaled by quanta's calibration. Through quanta a
-/// reading is an out-of-line call that matches on quanta's source every time; on the hot path,
-/// where the clock read is most of a denial's cost, reading it here was 1-2 ns faster a check
-/// (2-core Intel VM, one thread: a denial of one hot key 20.6 -> 19.7 ns, of 1,000 keys
-/// 24.3 -> 23.0).
+/// reading is an out-of-line call that matches on quanta's source every time. On the hot path
+/// the clock read is most of a denial's cost, and reading the counter here saves that call:
+/// about 1 ns a check.
 ///
 /// TSC caveat: on machines whose TSC is not synchronised across sockets, two cores can disagree by
 /// a small amount. This clock keeps a high-water mark, refreshed at most once per millisecond of

@@ -2,10 +2,10 @@
 //! which cargo-fuzz sets): raw states, times, costs and rules straight into `algo/*`, with none
 //! of the limiter's checks in front.
 
-use crate::algo::{self, Step, log::Log};
+use crate::algo::{self, Kind, Rule, Step, log::Log};
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::quota::{Kind, Quota, Rule};
+use crate::quota::Quota;
 
 /// A compiled quota: the integer rule the algorithms run on.
 #[derive(Debug, Clone, Copy)]

@@ -4,8 +4,9 @@
 //! inline path (`cell::apply_inline` on the same loop) is modelled through the public API in
 //! `loom-tests/tests/store.rs`.
 
+use crate::algo::Rule;
 use crate::cell::{Cell, Mode};
-use crate::quota::{Quota, Rule};
+use crate::quota::Quota;
 
 /// A cell and the rule it runs under.
 pub struct ModelCell {

@@ -374,8 +374,8 @@ impl<'a> PairSwap<'a> {
 /// Intel's restricted transactional memory (RTM), where the CPU has it: a batch of 16-byte
 /// compare-and-swaps that take effect all at once or not at all, for about the price of one
 /// locked instruction. The sweep removes fresh keys in batches with it: a `lock cmpxchg16b` per
-/// removal costs 5.6 ns on this project's machine even in a bare loop over a cached table (more
-/// than the sweep's whole budget per key), a transaction of 32 removals about 1 ns each.
+/// removal costs more than the sweep's whole budget per key, even in a bare loop over a cached
+/// table, while in a transaction of 32 a removal costs about 1 ns.
 ///
 /// A transaction may abort at any time (a concurrent write to a line it read, an interrupt, a
 /// full cache set): the caller then swaps one by one. While it runs, another core's access to

@@ -7,7 +7,8 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::limiter::{Limiter, PlanId};
+use crate::limiter::Limiter;
+use crate::plan::PlanId;
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// Waits until one unit for `key` (default plan) may pass, at most `max_wait`; see

@@ -14,8 +14,7 @@
 //! multiple of 2^32) would see its old count again: more restrictive, never less, and the sweeper
 //! removes such keys long before. A clock that steps back more than 2^20 windows sees fresh keys.
 
-use super::{Step, window_of};
-use crate::quota::Rule;
+use super::{Rule, Step, window_of};
 
 /// Bits of the window field.
 const WINDOW_SHIFT: u32 = 32;

@@ -6,8 +6,7 @@
 //! then `TAT' = max(TAT, t) + n*T`. `TAT - t` (when positive) is the bucket's debt: the leaky
 //! bucket's water level, or the token bucket's missing tokens, times `T`.
 
-use super::Step;
-use crate::quota::Rule;
+use super::{Rule, Step};
 
 /// Decides a cost-`cost` request at `now`; `headroom` units stay unavailable to this caller
 /// (the priority strategy).

@@ -10,8 +10,7 @@
 
 use std::collections::VecDeque;
 
-use super::Step;
-use crate::quota::Rule;
+use super::{Rule, Step};
 
 /// The largest limit a sliding window log accepts.
 pub(crate) const MAX_LIMIT: u64 = 1 << 16;

@@ -1,4 +1,5 @@
-//! Pure decision functions, one module per algorithm.
+//! Pure decision functions, one module per algorithm, and the rule types they decide by
+//! ([`rule`]).
 //!
 //! Each takes `(state, now, cost, rule)` and returns a [`Step`]: the decision and, when the
 //! request is admitted, the next state. No atomics, no clock, no allocation: integer arithmetic
@@ -12,7 +13,11 @@
 pub(crate) mod fixed;
 pub(crate) mod gcra;
 pub(crate) mod log;
+pub(crate) mod rule;
 pub(crate) mod sliding;
+
+pub use rule::Algorithm;
+pub(crate) use rule::{Kind, Rule};
 
 use crate::decision::Decision;
 

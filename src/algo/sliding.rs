@@ -18,8 +18,7 @@
 //! again: only ever more restrictive, and the sweeper removes such keys long before. A clock that
 //! steps back more than 2^12 windows sees fresh keys.
 
-use super::{Step, window_of};
-use crate::quota::Rule;
+use super::{Rule, Step, window_of};
 
 /// Width of each counter.
 const COUNT_BITS: u32 = 22;
@@ -117,11 +116,9 @@ fn used(v: &View, period: u64) -> u64 {
     v.prev - super::mul_div(v.prev, v.elapsed, period) + v.cur
 }
 
-/// Decides a cost-`cost` request at `now`. Always inline: out of line, the call was a fifth of
-/// a denial's time (one thread, 1,000 keys, after `mul_div` and the check's own arm in
-/// `cell::apply_inline`: a denial 41 -> 33 ns and 320 -> 274 instructions, an admission 42 -> 40
-/// ns and 330 -> 291), and a plain `#[inline]` was honoured in one benchmark binary but not in
-/// criterion's (43.8 ns a denial there).
+/// Decides a cost-`cost` request at `now`. Always inline: out of line, the call would be about
+/// a fifth of a denial's time, and a plain `#[inline]` is only a request, which some binaries
+/// (criterion's bench among them) do not grant.
 #[inline(always)]
 pub(crate) fn decide(state: u64, now: u64, cost: u64, rule: &Rule, headroom: u64) -> Step<u64> {
     let v = view(state, now, rule);

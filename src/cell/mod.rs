@@ -8,9 +8,8 @@
 //! A denial is a plain load: no write, so a flood of rejected requests does not move the cache
 //! line between cores.
 
-use crate::algo::{self, Step, log::Log};
+use crate::algo::{self, Kind, Rule, Step, log::Log};
 use crate::decision::Decision;
-use crate::quota::{Kind, Rule};
 use crate::sync::{AtomicPair, AtomicU64, Mutex, Ordering, lock};
 
 /// What a call wants from a cell.

@@ -10,8 +10,8 @@ use toml::Spanned;
 use crate::error::Error;
 use crate::http::keys::{ForwardedHeader, OnBadKey, TrustedProxies};
 use crate::ip::DEFAULT_V6_PREFIX;
-use crate::limiter::Plan;
-use crate::plan::{Ctx, PlanConfig, line_of};
+use crate::plan::config::{Ctx, line_of};
+use crate::plan::{Plan, PlanConfig};
 
 /// Where a client key comes from; several sources make a composite key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -250,7 +250,7 @@ impl HttpConfig {
     /// [`Error::Config`] naming the field and its line.
     pub fn parse(src: &str) -> Result<HttpConfig, Error> {
         let plans = PlanConfig::parse_plans_section(src)?;
-        let file: RawFile = crate::plan::from_toml(src)?;
+        let file: RawFile = crate::plan::config::from_toml(src)?;
         let mut config = HttpConfig::new(plans.into_plans());
         if let Some(http) = file.http {
             Ctx { src }.apply(&mut config, http)?;
@@ -546,7 +546,9 @@ impl Ctx<'_> {
                 _ => return self.err(at, "redis", "exactly one of `url` or `nodes`"),
             };
             let duration =
-                |v: &Spanned<String>, field: &str| match crate::plan::parse_duration(v.get_ref()) {
+                |v: &Spanned<String>, field: &str| match crate::plan::config::parse_duration(
+                    v.get_ref(),
+                ) {
                     Some(d) if !d.is_zero() => Ok(d),
                     _ => self.err(v.span().start, field, "a positive duration like \"50ms\""),
                 };
@@ -739,7 +741,7 @@ impl Ctx<'_> {
             c.sweep_interval = if s.get_ref() == "never" {
                 None
             } else {
-                match crate::plan::parse_duration(s.get_ref()) {
+                match crate::plan::config::parse_duration(s.get_ref()) {
                     Some(d) if !d.is_zero() => Some(d),
                     _ => {
                         return self.err(

@@ -24,7 +24,8 @@ use crate::http::keys::{
 use crate::http::metrics::{Exposition, HttpCounters};
 use crate::http::{format, grpc};
 use crate::ip::client_ip_key;
-use crate::limiter::{Detailed, Limiter, Part, PlanId};
+use crate::limiter::{Detailed, Limiter, Part};
+use crate::plan::PlanId;
 use crate::quota::Quota;
 use crate::stats::Count;
 use crate::sweep::Sweeper;

@@ -10,13 +10,14 @@
 
 use std::hash::Hash;
 
-use super::book::{Book, Compiled, MAX_PARTS, PartRule, PlanId};
+use super::book::{Book, Compiled, PartRule};
 use super::{Limiter, Map};
+use crate::algo::Kind;
 use crate::cell::{self, Applied, Cell, Mode};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::quota::Kind;
+use crate::plan::{MAX_PARTS, PlanId};
 use crate::stats::{Count, Counts};
 use crate::store::{FlatStore, Fresh, Full, Kept, RuleId, Store};
 
@@ -211,8 +212,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     ) -> Result<Applied, Full> {
         match &self.store {
             #[cfg(feature = "redis")]
-            Map::Flat(s) if self.shared.is_some() => {
-                self.apply_shared(s, book, key, hash, part, headroom, now, cost, mode)
+            Map::Flat(s) if self.synced.is_some() => {
+                self.apply_synced(s, book, key, hash, part, headroom, now, cost, mode)
             }
             Map::Flat(s) if part.rule.kind != Kind::Log => self.apply_inline(
                 s, book, key, hash, part, headroom, now, cost, mode, with_token, &NoHook,
@@ -418,7 +419,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                     });
                     #[cfg(feature = "redis")]
                     if refunded {
-                        self.refund_shared(key, hash, id, rule, now, cost);
+                        self.refund_synced(key, hash, id, rule, now, cost);
                     }
                     #[cfg(not(feature = "redis"))]
                     let _ = refunded;

@@ -13,11 +13,11 @@ use std::sync::RwLock;
 use std::time::Duration;
 
 use super::Limiter;
-use super::book::{Plan, PlanId, Strategy};
 use crate::cell::Mode;
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
+use crate::plan::{Plan, PlanId, Strategy};
 use crate::redis::{RedisConfig, RedisLimiter};
 use crate::sync::{AtomicU64, Ordering};
 
@@ -212,7 +212,7 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
                 any |= redis.reset(&name).await?;
             }
         }
-        if let Some(sh) = &self.shared {
+        if let Some(sh) = &self.synced {
             let rules = self.book.current().rules.clone();
             let (now, epoch) = (self.clock.now(), self.clock.unix_epoch_ns());
             any |= sh

@@ -8,14 +8,14 @@ mod charge;
 mod exact;
 mod penalty;
 #[cfg(feature = "redis")]
-mod shared;
+mod synced;
 
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use book::{MAX_PARTS, Plan, PlanId, Strategy};
+pub use crate::plan::{MAX_PARTS, Plan, PlanId, Strategy};
 #[cfg(feature = "http")]
 pub(crate) use charge::Detailed;
 pub use charge::{Bound, Part, check_all};
@@ -316,7 +316,7 @@ impl<K, C: Clock> Builder<K, C> {
     where
         K: Hash + Eq + Clone + Send + Sync + 'static,
     {
-        let synced = self.synced();
+        let on_redis = self.on_redis();
         if self.max_keys == 0 {
             return Err(Error::ZeroMaxKeys);
         }
@@ -338,8 +338,8 @@ impl<K, C: Clock> Builder<K, C> {
             return Err(Error::NoQuota);
         }
         let store = Map::new(self.store, self.shards, self.max_keys, self.on_full);
-        // A synced limiter charges on the general path only (where its hook is).
-        let inline = matches!(store, Map::Flat(_)) && !synced;
+        // A limiter through Redis charges on the general path only (where its hooks are).
+        let inline = matches!(store, Map::Flat(_)) && !on_redis;
         let book = Book::compile(&plans, self.clock.unix_epoch_ns(), None, inline)?;
         Ok(Limiter {
             store,
@@ -362,7 +362,7 @@ impl<K, C: Clock> Builder<K, C> {
             evicts: self.on_full == OnFull::EvictFresh,
             last_reclaim: crate::sync::AtomicU64::new(u64::MAX),
             #[cfg(feature = "redis")]
-            shared: None,
+            synced: None,
             #[cfg(feature = "redis")]
             exact: None,
         })
@@ -370,7 +370,7 @@ impl<K, C: Clock> Builder<K, C> {
 
     /// Whether the limiter's decisions go through Redis (synced or exact: the short paths,
     /// which bypass the hooks, are off).
-    fn synced(&self) -> bool {
+    fn on_redis(&self) -> bool {
         #[cfg(feature = "redis")]
         {
             self.redis.is_some()
@@ -447,10 +447,10 @@ impl<K, C: Clock> Builder<K, C> {
                     message: "a limiter synced through Redis runs on the flat store".into(),
                 });
             }
-            shared::check_rules(&limiter.book.current().rules)?;
-            limiter.shared = Some(shared::Shared::new(redis, <K as ToString>::to_string)?);
+            synced::check_rules(&limiter.book.current().rules)?;
+            limiter.synced = Some(synced::Synced::new(redis, <K as ToString>::to_string)?);
             let limiter = Arc::new(limiter);
-            shared::spawn_rounds(&limiter, interval)?;
+            synced::spawn_rounds(&limiter, interval)?;
             return Ok(limiter);
         }
         self.build_local().map(Arc::new)
@@ -545,7 +545,7 @@ pub struct Limiter<K, C = MonotonicClock> {
     evicts: bool,
     /// Synced through Redis: the trackers and the rounds' Redis side.
     #[cfg(feature = "redis")]
-    shared: Option<shared::Shared<K>>,
+    synced: Option<synced::Synced<K>>,
     /// Exact mode: each plan's Redis limiter.
     #[cfg(feature = "redis")]
     exact: Option<exact::Exact<K>>,
@@ -557,7 +557,7 @@ pub struct Limiter<K, C = MonotonicClock> {
 impl<K, C: std::fmt::Debug> std::fmt::Debug for Limiter<K, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         #[cfg(feature = "redis")]
-        let (synced, exact) = (self.shared.is_some(), self.exact.is_some());
+        let (synced, exact) = (self.synced.is_some(), self.exact.is_some());
         #[cfg(not(feature = "redis"))]
         let (synced, exact) = (false, false);
         let book = self.book.current();
@@ -605,8 +605,9 @@ impl<K: Hash + Eq + Clone> Map<K> {
 }
 
 impl<K> Limiter<K, MonotonicClock> {
-    /// A builder with no quota, the monotonic clock, 1,000,000 states at most, new states
-    /// denied when full.
+    /// A builder with no quota, the monotonic clock, 1,000,000 states at most; when full, a new
+    /// state takes the place of one already back to fresh, and is denied only where there is
+    /// none ([`OnFull::EvictFresh`]).
     pub fn builder() -> Builder<K, MonotonicClock> {
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
         Builder {
@@ -789,7 +790,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         } else {
             // The first part's charge taken back by the general path's own refund.
             let refund_first = || {
-                let mut tokens = [None; book::MAX_PARTS];
+                let mut tokens = [None; MAX_PARTS];
                 tokens[0] = a.token.map(|t| (pair.ids[0], t));
                 self.refund(book, key, hash, cost, &mut tokens, now);
             };
@@ -1079,7 +1080,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         Ok(plan
             .parts
             .iter()
-            .all(|p| p.rule.kind == crate::quota::Kind::Gcra))
+            .all(|p| p.rule.kind == crate::algo::Kind::Gcra))
     }
 
     /// The plan called `name`: an id for this limiter's calls (and only this limiter's: see
@@ -1184,7 +1185,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         )?;
         #[cfg(feature = "redis")]
         if self.is_synced() {
-            shared::check_rules(&book.rules)?;
+            synced::check_rules(&book.rules)?;
         }
         #[cfg(feature = "redis")]
         if let Some(x) = &self.exact {
@@ -1227,7 +1228,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     pub fn is_synced(&self) -> bool {
         #[cfg(feature = "redis")]
         {
-            self.shared.is_some()
+            self.synced.is_some()
         }
         #[cfg(not(feature = "redis"))]
         {

@@ -32,11 +32,13 @@ use std::time::Duration;
 
 use ::redis::{Cmd, Value};
 
+use crate::algo::{Algorithm, Kind, Rule};
 use crate::clock::{Clock, MonotonicClock, nanos};
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::limiter::{Limiter, MAX_PARTS};
-use crate::quota::{Algorithm, Kind, Quota, Rule};
+use crate::limiter::Limiter;
+use crate::plan::MAX_PARTS;
+use crate::quota::Quota;
 use crate::sync::{AtomicU64, Ordering};
 
 use link::{Breaker, BreakerConfig, Gate, Link, Target};

@@ -10,7 +10,7 @@ use ::redis::{Cmd, Pipeline, Value};
 
 use super::link::{Breaker, Conn, Gate, Link};
 use super::track::{self, Units};
-use crate::quota::{Kind, Rule};
+use crate::algo::{Kind, Rule};
 use crate::sync::{AtomicU64, Ordering};
 
 /// The buckets' reconciling script: for each key, charge the units pushed (`max(TAT, now) +

@@ -25,9 +25,8 @@
 //! a disagreement is counted in the stats (`mismatches`, zero in every test). The sliding log's
 //! fields need only additions, so its script computes them itself.
 
-use crate::algo::{self, Step};
+use crate::algo::{self, Kind, Rule, Step};
 use crate::decision::Decision;
-use crate::quota::{Kind, Rule};
 
 /// Limb arithmetic, the server time and the TTL helper, shared by every script.
 const PRELUDE: &str = r#"

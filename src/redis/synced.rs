@@ -26,11 +26,9 @@
 //!   process from the window's first round, so there is no burst at a boundary, and with steady
 //!   traffic the excess is what the decaying weight frees between two rounds.
 //!
-//! Measured (three engines hammering one key, 300 a second, interval 50 ms, 2-core VM): the
-//! fixed window admitted 900 in the first window and 300, 300, 300 after; the sliding counter
-//! 900, then 312-350.
-//!
-//! `tests/redis_synced.rs` measures each with three engines on one key.
+//! `tests/redis_synced.rs` measures each with three engines on one key: the first window, with
+//! no shares known yet, may reach the bound; from the second on the engines together admit
+//! about the limit.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,11 +39,11 @@ use super::link::{Breaker, Gate, Link, Target};
 use super::round::{Global, Push, Reconciler};
 use super::track::{self, Tracker, Units};
 use super::{Common, FailurePolicy, common_setters};
+use crate::algo::{Kind, Rule};
 use crate::cell::update;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::quota::{Kind, Rule};
 use crate::sync::{AtomicU64, Ordering};
 
 /// One key's local state: its word cell and what synced mode tracks beside it.

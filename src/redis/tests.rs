@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use ::redis::{Commands, Connection, Value};
 
 use super::script::{self, Call};
-use crate::algo::{self, log::Log};
-use crate::quota::{Kind, Rule};
+use crate::algo::{self, Kind, Rule, log::Log};
 use crate::{Algorithm, Quota};
 
 struct Server(Child);

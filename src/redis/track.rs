@@ -3,8 +3,7 @@
 //! the local word. Shared by [`SyncedLimiter`](super::SyncedLimiter) (whose cells are its own)
 //! and a [`Limiter`](crate::Limiter) synced through Redis (whose cells are its table's slots).
 
-use crate::algo;
-use crate::quota::{Kind, Rule};
+use crate::algo::{self, Kind, Rule};
 use crate::sync::{AtomicU64, Ordering};
 
 /// Bits of a window id in a window algorithm's pending word (the rest count units): ids are

@@ -11,8 +11,8 @@ pub(crate) mod flat;
 pub(crate) mod loom_dash;
 mod word;
 
+use crate::algo::Rule;
 use crate::cell::Cell;
-use crate::quota::Rule;
 use crate::sync::{AtomicUsize, Ordering};
 
 #[cfg(not(tollgate_loom))]

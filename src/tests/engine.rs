@@ -646,7 +646,7 @@ fn shard_counts_out_of_range_are_errors() {
 /// nanoseconds; anything else, or a fraction of a nanosecond, is an error naming the field.
 #[test]
 fn config_durations_compound_and_fractional() {
-    use crate::plan::parse_duration as parse;
+    use crate::plan::config::parse_duration as parse;
     assert_eq!(parse("1m30s"), Some(Duration::from_secs(90)));
     assert_eq!(parse("1h 30m"), Some(Duration::from_secs(5_400)));
     assert_eq!(parse("1.5s"), Some(Duration::from_millis(1_500)));

@@ -17,11 +17,11 @@ use dashmap::DashMap;
 use super::book::{Book, PartRule};
 use super::charge::StateHook;
 use super::{Limiter, Map};
+use crate::algo::{Kind, Rule};
 use crate::cell::{self, Applied, Mode};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::quota::{Kind, Rule};
 use crate::redis::link::{Breaker, Gate, Link};
 use crate::redis::round::{Global, Push, Reconciler};
 use crate::redis::track::{self, Tracker};
@@ -37,7 +37,7 @@ struct Entry<K> {
 }
 
 /// What a synced limiter keeps beside its table.
-pub(crate) struct Shared<K> {
+pub(crate) struct Synced<K> {
     /// By (key hash, rule): looked up without cloning the key.
     tracks: DashMap<(u64, RuleId), Entry<K>, ahash::RandomState>,
     /// The key's `Display`, which its Redis names escape (`redis::state_key`).
@@ -50,11 +50,11 @@ pub(crate) struct Shared<K> {
     rounds: tokio::sync::Mutex<()>,
 }
 
-impl<K: Hash + Eq + Clone> Shared<K> {
+impl<K: Hash + Eq + Clone> Synced<K> {
     pub(crate) fn new(cfg: RedisConfig, name: fn(&K) -> String) -> Result<Self, Error> {
         cfg.validate()?;
         let target = cfg.target?;
-        Ok(Shared {
+        Ok(Synced {
             tracks: DashMap::with_hasher(ahash::RandomState::new()),
             name,
             sync: Reconciler::new(Link::new(target), Breaker::new(cfg.breaker), cfg.deadline),
@@ -225,7 +225,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// [`apply_part`](Self::apply_part) on a synced limiter: the policy's answer while Redis
     /// is out of reach, else the charge with the tracker's hook.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn apply_shared(
+    pub(crate) fn apply_synced(
         &self,
         s: &FlatStore<K>,
         book: &Book,
@@ -238,9 +238,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         mode: Mode,
     ) -> Result<Applied, Full> {
         let sh = self
-            .shared
+            .synced
             .as_ref()
-            .expect("apply_shared on a synced limiter");
+            .expect("apply_synced on a synced limiter");
         if let Some(decision) = sh.degraded(&part.rule, now) {
             return Ok(Applied {
                 decision,
@@ -283,7 +283,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
 
     /// A refund of `cost` on (`key`, `rule`) at `now`: the units come off what is still to push.
-    pub(crate) fn refund_shared(
+    pub(crate) fn refund_synced(
         &self,
         key: &K,
         hash: u64,
@@ -292,14 +292,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         now: u64,
         cost: u64,
     ) {
-        if let Some(sh) = &self.shared {
+        if let Some(sh) = &self.synced {
             sh.with_track(key, hash, rule_id, |t| t.refunded(rule, now, cost));
         }
     }
 
     /// Synced mode's counters; `None` for a limiter in process only.
     pub fn synced_stats(&self) -> Option<SyncedStats> {
-        let sh = self.shared.as_ref()?;
+        let sh = self.synced.as_ref()?;
         Some(sh.sync.stats.snapshot(sh.tracks.len() as u64))
     }
 
@@ -312,7 +312,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// One round: every tracked state's units pushed, the global states written into the
     /// slots, the trackers of idle states that are back to fresh dropped.
     async fn sync_round(&self) {
-        let (Some(sh), Map::Flat(s)) = (&self.shared, &self.store) else {
+        let (Some(sh), Map::Flat(s)) = (&self.synced, &self.store) else {
             return;
         };
         let _round = sh.rounds.lock().await;

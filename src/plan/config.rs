@@ -19,8 +19,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::{MAX_PARTS, Plan, Strategy};
 use crate::error::Error;
-use crate::limiter::{MAX_PARTS, Plan, Strategy};
 use crate::quota::{Algorithm, Quota};
 
 /// Parsed plans, in file order; hand them to [`Builder::plans`](crate::Builder::plans).
