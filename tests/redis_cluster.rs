@@ -161,12 +161,13 @@ fn limiter_on_the_cluster(seeds: &[&str], rt: &tokio::runtime::Runtime) {
             })
             .collect()
     };
-    let api = limiters[0].plan("api").unwrap();
     let start = Instant::now();
     let checks: Vec<Check> = limiters
         .iter()
         .map(|l| {
             let l = Arc::clone(l);
+            // A plan id is its limiter's own: each process resolves the plan by name.
+            let api = l.plan("api").unwrap();
             Box::new(move |k: &str| l.check_in(&k.to_string(), api, 1).unwrap().is_allowed())
                 as Check
         })

@@ -155,7 +155,10 @@ fn tiers_peek_and_strategies_hold_across_processes() {
         // Peek: the same answer twice, nothing charged.
         let free = id(&ls[0], "free");
         let p1 = ls[0].peek_in_async(&"p".into(), free, 5).await.unwrap();
-        let p2 = ls[1].peek_in_async(&"p".into(), free, 5).await.unwrap();
+        let p2 = ls[1]
+            .peek_in_async(&"p".into(), id(&ls[1], "free"), 5)
+            .await
+            .unwrap();
         assert!(p1.is_allowed() && p2.is_allowed());
         assert_eq!(p1.remaining(), 0);
         assert!(
@@ -167,18 +170,17 @@ fn tiers_peek_and_strategies_hold_across_processes() {
         );
         assert!(
             !ls[1]
-                .peek_in_async(&"p".into(), free, 1)
+                .peek_in_async(&"p".into(), id(&ls[1], "free"), 1)
                 .await
                 .unwrap()
                 .is_allowed()
         );
 
         // Soft: over the quota, let through and flagged.
-        let soft = id(&ls[0], "soft");
         let mut reasons = Vec::new();
         for i in 0..3 {
             let d = ls[i % 2]
-                .check_in_async(&"s".into(), soft, 1)
+                .check_in_async(&"s".into(), id(&ls[i % 2], "soft"), 1)
                 .await
                 .unwrap();
             assert!(d.is_allowed());
@@ -190,9 +192,15 @@ fn tiers_peek_and_strategies_hold_across_processes() {
         // first, reserving nothing).
         let queue = id(&ls[0], "queue");
         let first = ls[0].check_in_async(&"q".into(), queue, 1).await.unwrap();
-        let peeked = ls[1].peek_in_async(&"q".into(), queue, 1).await.unwrap();
+        let peeked = ls[1]
+            .peek_in_async(&"q".into(), id(&ls[1], "queue"), 1)
+            .await
+            .unwrap();
         assert!(peeked.is_allowed() && peeked.delay() > Duration::from_millis(50));
-        let second = ls[1].check_in_async(&"q".into(), queue, 1).await.unwrap();
+        let second = ls[1]
+            .check_in_async(&"q".into(), id(&ls[1], "queue"), 1)
+            .await
+            .unwrap();
         assert_eq!(first.delay(), Duration::ZERO);
         assert!(second.is_allowed());
         assert!(
@@ -328,15 +336,25 @@ fn block_and_reset_async_reach_exact_mode() {
         for _ in 0..5 {
             assert!(a.check_in_async(&k, free, 1).await.unwrap().is_allowed());
         }
-        assert!(!b.check_in_async(&k, free, 1).await.unwrap().is_allowed());
+        assert!(
+            !b.check_in_async(&k, id(&b, "free"), 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
         // The synchronous reset cannot reach Redis: the key stays spent there.
         a.reset(&k);
-        assert!(!b.check_in_async(&k, free, 1).await.unwrap().is_allowed());
+        assert!(
+            !b.check_in_async(&k, id(&b, "free"), 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
         assert!(
             a.reset_async(&k).await.unwrap(),
             "Redis held the key's state"
         );
-        let d = b.check_in_async(&k, free, 1).await.unwrap();
+        let d = b.check_in_async(&k, id(&b, "free"), 1).await.unwrap();
         assert_eq!(
             (d.is_allowed(), d.remaining()),
             (true, 4),
@@ -352,9 +370,20 @@ fn block_and_reset_async_reach_exact_mode() {
         assert_eq!(a.check_in(&m, free, 1).unwrap().reason(), Reason::Blocked);
         assert!(d.retry_after() > Duration::from_secs(59), "{d:?}");
         assert!(!a.peek_in_async(&m, free, 1).await.unwrap().is_allowed());
-        assert!(b.check_in_async(&m, free, 1).await.unwrap().is_allowed());
+        assert!(
+            b.check_in_async(&m, id(&b, "free"), 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
         // Redis charged nothing for the blocked calls: b's one unit is all that is spent.
-        assert_eq!(b.peek_in_async(&m, free, 1).await.unwrap().remaining(), 3);
+        assert_eq!(
+            b.peek_in_async(&m, id(&b, "free"), 1)
+                .await
+                .unwrap()
+                .remaining(),
+            3
+        );
     });
 }
 

@@ -108,10 +108,11 @@ fn three_limiters_share_each_plan() {
             .plan("free", Plan::new([Quota::per_second(RATE).burst(BURST)]))
             .plan("pro", Plan::new([Quota::per_second(2 * RATE).burst(BURST)]))
     });
-    let (free, pro): (PlanId, PlanId) = (ls[0].plan("free").unwrap(), ls[0].plan("pro").unwrap());
+    // A plan id is its limiter's own: each resolves the plan by name.
+    let plan = |l: &Limiter<String>, name: &str| -> PlanId { l.plan(name).unwrap() };
     let start = Instant::now();
     let admitted = hammer(&ls, Duration::from_secs(2), move |l| {
-        l.check_in(&"alice".to_string(), free, 1)
+        l.check_in(&"alice".to_string(), plan(l, "free"), 1)
             .unwrap()
             .is_allowed()
     });
@@ -137,7 +138,7 @@ fn three_limiters_share_each_plan() {
     for _ in 0..BURST {
         assert!(
             ls[1]
-                .check_in(&"alice".to_string(), pro, 1)
+                .check_in(&"alice".to_string(), plan(&ls[1], "pro"), 1)
                 .unwrap()
                 .is_allowed()
         );
@@ -329,7 +330,8 @@ fn tiers_share_one_state_across_processes() {
             .plan("low", Plan::new([quota()]).headroom(10))
             .plan("high", Plan::new([quota()]))
     });
-    let (low, high) = (ls[0].plan("low").unwrap(), ls[0].plan("high").unwrap());
+    // A plan id is its limiter's own: each resolves the plan by name.
+    let (low, high) = (ls[0].plan("low").unwrap(), ls[1].plan("high").unwrap());
     let key = "everyone".to_string();
     let (mut low_in, mut high_in) = (0, 0);
     for _ in 0..20 {

@@ -24,7 +24,7 @@ use crate::http::keys::{
 use crate::http::metrics::{Exposition, HttpCounters};
 use crate::http::{format, grpc};
 use crate::ip::client_ip_key;
-use crate::limiter::{Detailed, Limiter, Part};
+use crate::limiter::{Detailed, Limiter};
 use crate::plan::PlanId;
 use crate::quota::Quota;
 use crate::stats::Count;
@@ -1538,7 +1538,7 @@ fn recount<C: Clock>(
 fn undo_all<C: Clock>(limiter: &Limiter<HttpKey, C>, checks: &mut [Check]) {
     for c in checks.iter_mut().rev() {
         if let Some(undo) = c.detailed.undo.take() {
-            limiter.key_in(&c.key, c.plan).undo_part(undo);
+            limiter.take_back(&c.key, undo, limiter.clock().now());
         }
     }
 }

@@ -36,10 +36,8 @@ pub(crate) struct Compiled {
     pub(crate) headroom: u64,
     /// The largest cost that can ever pass: the smallest capacity minus the headroom.
     pub(crate) max_cost: u64,
-    /// The plan as the short path serves it, where it can (see [`InlinePlan`]).
-    pub(crate) inline: Option<InlinePlan>,
-    /// A two-part plan as the short path serves it, where it can (see [`InlinePair`]).
-    pub(crate) pair: Option<InlinePair>,
+    /// The plan as the short path serves it, where it can (see [`Short`]).
+    pub(crate) short: Short,
     /// The plan's decision counts (the same ones in every book that has the plan).
     pub(crate) counts: Counts,
 }
@@ -81,66 +79,43 @@ pub(crate) struct Book {
     /// Every distinct rule any book of this limiter ever had, by id: append-only, so a state's
     /// rule id means the same rule for the limiter's whole life (sweeps read it from slots).
     pub(crate) rules: Vec<Rule>,
-    /// The default plan as the short path serves it (see [`InlinePlan`]): read by `check` with
-    /// one load of the book.
-    pub(crate) inline: Option<InlinePlan>,
+    /// The default plan as the short path serves it (see [`Words`]): read by `check` with one
+    /// load of the book.
+    pub(crate) default_words: Option<Words<1>>,
 }
 
-/// A plan, when the short path ([`Limiter::check`](crate::Limiter::check), and `check_in` of
-/// one unit or more) can serve it: one word-cell part, not a queue, on the flat store. Worked
-/// out once per book.
+/// A plan the short path serves, worked out once per book: its parts are all word states (no
+/// sliding log) and it is not a queue (a reservation is the general path's), for a part count
+/// the engine is specialised for.
 #[derive(Debug, Clone)]
-pub(crate) struct InlinePlan {
-    pub(crate) id: RuleId,
-    pub(crate) rule: Rule,
+pub(crate) enum Short {
+    One(Words<1>),
+    Two(Words<2>),
+    /// The general path decides every call of the plan.
+    None,
+}
+
+/// The `N` word parts of a plan as the short path charges them (see
+/// [`Limiter::charge_words`](super::Limiter::charge_words)): rules by id and by value, in one
+/// place.
+#[derive(Debug, Clone)]
+pub(crate) struct Words<const N: usize> {
+    pub(crate) ids: [RuleId; N],
+    pub(crate) rules: [Rule; N],
     pub(crate) headroom: u64,
     pub(crate) soft: bool,
     /// The plan's decision counts.
     pub(crate) counts: Counts,
 }
 
-impl InlinePlan {
-    fn of(default: &Compiled) -> Option<InlinePlan> {
-        let [part] = default.parts.as_slice() else {
-            return None;
-        };
-        let served =
-            part.rule.kind != Kind::Log && !matches!(default.strategy, Strategy::Queue { .. });
-        served.then_some(InlinePlan {
-            id: part.id,
-            rule: part.rule,
-            headroom: default.headroom,
-            soft: default.strategy == Strategy::Soft,
-            counts: default.counts.clone(),
-        })
-    }
-}
-
-/// A compound plan of two parts, when the short path (`check_in`) can serve it: two word-cell
-/// parts, not a queue, on the flat store, both states already in their slots. The general
-/// path's semantics (the first part charged, the second charged or peeked, the first refunded
-/// when the second denies), without its per-part bookkeeping. Worked out once per book.
-#[derive(Debug, Clone)]
-pub(crate) struct InlinePair {
-    pub(crate) ids: [RuleId; 2],
-    pub(crate) rules: [Rule; 2],
-    pub(crate) headroom: u64,
-    pub(crate) soft: bool,
-    /// The plan's decision counts.
-    pub(crate) counts: Counts,
-}
-
-impl InlinePair {
-    fn of(plan: &Compiled) -> Option<InlinePair> {
-        let [a, b] = plan.parts.as_slice() else {
-            return None;
-        };
-        let served = a.rule.kind != Kind::Log
-            && b.rule.kind != Kind::Log
+impl<const N: usize> Words<N> {
+    fn of(plan: &Compiled) -> Option<Words<N>> {
+        let served = plan.parts.len() == N
+            && plan.parts.iter().all(|p| p.rule.kind != Kind::Log)
             && !matches!(plan.strategy, Strategy::Queue { .. });
-        served.then_some(InlinePair {
-            ids: [a.id, b.id],
-            rules: [a.rule, b.rule],
+        served.then(|| Words {
+            ids: std::array::from_fn(|i| plan.parts[i].id),
+            rules: std::array::from_fn(|i| plan.parts[i].rule),
             headroom: plan.headroom,
             soft: plan.strategy == Strategy::Soft,
             counts: plan.counts.clone(),
@@ -148,15 +123,25 @@ impl InlinePair {
     }
 }
 
+impl Short {
+    fn of(plan: &Compiled) -> Short {
+        match (Words::of(plan), Words::of(plan)) {
+            (Some(one), _) => Short::One(one),
+            (_, Some(two)) => Short::Two(two),
+            _ => Short::None,
+        }
+    }
+}
+
 impl Book {
     /// Compiles `plans`, extending `previous`'s rule table (and taking each changed part's
-    /// lineage from the plan of the same name there). `inline`: whether the store can serve the
-    /// default plan on the short path.
+    /// lineage from the plan of the same name there). `short`: whether the limiter takes the
+    /// short path at all (in process, on a store that keeps word states).
     pub(crate) fn compile(
         plans: &[(String, Plan)],
         unix_epoch_ns: u64,
         previous: Option<&Book>,
-        inline: bool,
+        short: bool,
     ) -> Result<Book, Error> {
         let mut rules: Vec<Rule> = previous.map(|b| b.rules.clone()).unwrap_or_default();
         let owner = previous.map_or_else(crate::sync::next_limiter_tag, |b| b.owner);
@@ -211,8 +196,7 @@ impl Book {
                 strategy: plan.strategy_kind(),
                 headroom: plan.headroom_units(),
                 max_cost: capacity - plan.headroom_units(),
-                inline: None,
-                pair: None,
+                short: Short::None,
                 // A plan that was there before keeps counting where it did.
                 counts: before.map_or_else(Counts::new, |b| b.counts.clone()),
             });
@@ -236,19 +220,21 @@ impl Book {
                     .collect();
             }
         }
-        if inline {
+        if short {
             for plan in &mut compiled {
-                plan.inline = InlinePlan::of(plan);
-                plan.pair = InlinePair::of(plan);
+                plan.short = Short::of(plan);
             }
         }
-        let inline = compiled.first().and_then(|p| p.inline.clone());
+        let default_words = match compiled.first().map(|p| &p.short) {
+            Some(Short::One(words)) => Some(words.clone()),
+            _ => None,
+        };
         Ok(Book {
             owner,
             plans: compiled,
             by_name,
             rules,
-            inline,
+            default_words,
         })
     }
 

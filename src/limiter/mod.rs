@@ -4,6 +4,10 @@
 
 mod book;
 mod charge;
+mod cross;
+#[cfg(feature = "http")]
+mod detailed;
+mod engine;
 #[cfg(feature = "redis")]
 mod exact;
 mod penalty;
@@ -16,9 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::plan::{MAX_PARTS, Plan, PlanId, Strategy};
+pub use cross::{Bound, Part, check_all};
 #[cfg(feature = "http")]
-pub(crate) use charge::Detailed;
-pub use charge::{Bound, Part, check_all};
+pub(crate) use detailed::Detailed;
 
 use crate::cell::Mode;
 use crate::clock::{Clock, MonotonicClock, nanos};
@@ -29,7 +33,8 @@ use crate::stats::{Count, Counters, PlanStats, RuleStats, Stats};
 use crate::store::{DashStore, FlatStore, Full, OnFull, RuleId, Store, StoreKind};
 use crate::sweep::{self, Sweep, Sweeper};
 use crate::sync::AtomicUsize;
-use book::{Book, Books, Compiled};
+use book::{Book, Books, Compiled, Short, Words};
+use charge::Call;
 use penalty::Penalties;
 
 /// Builds a [`Limiter`].
@@ -689,135 +694,44 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             .unwrap_or_else(|_| Decision::denied(Reason::Limited, 0))
     }
 
-    /// The shortest path, for [`check`](Self::check) and [`check_many`](Self::check_many): one
-    /// unit under the default plan at `now` for a key whose state is in its flat-store slot.
-    /// The same decision, state and count as [`decide_at`](Self::decide_at); `None` when it does
-    /// not apply (a new state, a default plan the short path does not serve, a key that may be
-    /// under a penalty, a slot removed under us), having changed nothing.
+    /// The short path of [`check`](Self::check) and [`check_many`](Self::check_many): one unit
+    /// under the default plan at `now` (see [`charge_short`](Self::charge_short)).
     ///
     /// The clock is read before the probe: issued first, the TSC read overlaps the probe's loads.
     #[inline(always)]
     fn check_inline(&self, s: &FlatStore<K>, hash: u64, now: u64) -> Option<Decision> {
-        let plan = self.book.current().inline.as_ref()?;
-        self.charge_inline(s, plan, hash, now, 1)
+        let words = self.book.current().default_words.as_ref()?;
+        self.charge_short(s, words, hash, now, 1)
     }
 
-    /// [`check_inline`](Self::check_inline) of `cost` units under `plan` (a cost the plan can
-    /// admit, checked by the caller).
+    /// A call of `cost` units (a cost the plan can admit, checked by the caller) on the short
+    /// path ([`charge_words`](Self::charge_words)), with the plan's strategy and counted: the
+    /// same decision, state and count as [`decide_at`](Self::decide_at). `None`, having changed
+    /// nothing, where the short path does not apply.
     #[inline(always)]
-    fn charge_inline(
+    fn charge_short<const N: usize>(
         &self,
         s: &FlatStore<K>,
-        plan: &book::InlinePlan,
+        words: &Words<N>,
         hash: u64,
         now: u64,
         cost: u64,
     ) -> Option<Decision> {
-        if self.penalties.maybe(hash) {
-            return None;
-        }
-        let tally = plan.counts.tally();
-        let a = s.apply_word_once(hash, plan.id, |slot, word| {
-            crate::cell::apply_inline(
-                slot,
-                word,
-                now,
-                cost,
-                &plan.rule,
-                plan.headroom,
-                Mode::Check,
-            )
-        })?;
-        let mut d = a.decision;
-        // An inline state's denial is over quota (`Reason::Limited`): a new state's table-full
-        // denial and a blocked key's are decided on the general path.
+        let tally = words.counts.tally();
+        let charged = self.charge_words(s, words, hash, now, cost, false)?;
+        let mut d = charged.decision;
+        // A denial on the short path is over quota (`Reason::Limited`): a new state's
+        // table-full denial and a blocked key's are decided on the general path.
         let count = if d.allowed {
             Count::Allowed
-        } else if plan.soft {
+        } else if words.soft {
             soften_limited(&mut d);
             Count::of(&d)
         } else {
             Count::Denied
         };
         debug_assert_eq!(count, Count::of(&d));
-        tally.add(count, a.retries);
-        Some(d)
-    }
-
-    /// [`charge_inline`](Self::charge_inline) for a two-part plan (see [`book::InlinePair`]): the
-    /// first part charged; then the second charged, or only peeked when the first denied; the
-    /// first refunded when the second denies; the decisions merged, as `charge_parts` merges
-    /// them. `None`, with nothing left charged, when it does not apply (a key that may be under
-    /// a penalty, a state not in its slot).
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn charge_pair(
-        &self,
-        s: &FlatStore<K>,
-        book: &Book,
-        key: &K,
-        pair: &book::InlinePair,
-        hash: u64,
-        now: u64,
-        cost: u64,
-    ) -> Option<Decision> {
-        use crate::cell::{apply_inline_part, decide_word};
-        if self.penalties.maybe(hash) {
-            return None;
-        }
-        let [rule_a, rule_b] = &pair.rules;
-        let second_word = match s.kept(hash, pair.ids[1]) {
-            crate::store::Kept::Word(word) => word,
-            _ => return None,
-        };
-        let tally = pair.counts.tally();
-        let a = s.apply_word_once(hash, pair.ids[0], |slot, word| {
-            apply_inline_part(slot, word, now, cost, rule_a, pair.headroom, Mode::Check)
-        })?;
-        let mut retries = a.retries;
-        let mut d = a.decision;
-        if !d.allowed {
-            // The part after a denial is only peeked, for the merged retry_after.
-            let peeked = decide_word(
-                second_word,
-                now,
-                cost,
-                rule_b,
-                pair.headroom,
-                Mode::Peek.previewed(),
-            );
-            d.merge(&peeked.decision);
-        } else {
-            // The first part's charge taken back by the general path's own refund.
-            let refund_first = || {
-                let mut tokens = [None; MAX_PARTS];
-                tokens[0] = a.token.map(|t| (pair.ids[0], t));
-                self.refund(book, key, hash, cost, &mut tokens, now);
-            };
-            let Some(b) = s.apply_word_once(hash, pair.ids[1], |slot, word| {
-                apply_inline_part(slot, word, now, cost, rule_b, pair.headroom, Mode::Check)
-            }) else {
-                // The second state left its slot under us: nothing stays charged, and the
-                // general path decides.
-                refund_first();
-                return None;
-            };
-            retries += b.retries;
-            if !b.decision.allowed {
-                refund_first();
-                // Refunded, the first part reports what it holds without this request (its
-                // state read again: a state removed meanwhile is fresh).
-                let word = s.word_or_fresh(hash, pair.ids[0]);
-                d = decide_word(word, now, 0, rule_a, pair.headroom, Mode::Check)
-                    .decision
-                    .held();
-            }
-            d.merge(&b.decision);
-        }
-        if pair.soft {
-            soften_limited(&mut d);
-        }
-        tally.add(Count::of(&d), retries);
+        tally.add(count, charged.retries);
         Some(d)
     }
 
@@ -999,7 +913,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             }
             return n;
         };
-        let rule = self.book.current().inline.as_ref().map_or(0, |p| p.id);
+        let rule = self
+            .book
+            .current()
+            .default_words
+            .as_ref()
+            .map_or(0, |w| w.ids[0]);
         let mut hashes = [0u64; CHUNK];
         for (keys, out) in keys[..n].chunks(CHUNK).zip(out[..n].chunks_mut(CHUNK)) {
             for (h, key) in hashes.iter_mut().zip(keys) {
@@ -1467,10 +1386,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         if let (Map::Flat(s), Mode::Check, true) = (&self.store, mode, short) {
             // Known states of a one-part plan (as `check` takes them) or of a two-part one
             // (the semantics of `charge_parts`): the short paths.
-            let fast = match (&plan.inline, &plan.pair) {
-                (Some(inline), _) => self.charge_inline(s, inline, hash, now, cost),
-                (_, Some(pair)) => self.charge_pair(s, book, key, pair, hash, now, cost),
-                _ => None,
+            let fast = match &plan.short {
+                Short::One(words) => self.charge_short(s, words, hash, now, cost),
+                Short::Two(words) => self.charge_short(s, words, hash, now, cost),
+                Short::None => None,
             };
             if let Some(d) = fast {
                 return Ok(d);
@@ -1490,7 +1409,16 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             self.settle(plan, &mut d, 0, mode);
             return Ok(d);
         }
-        let (mut d, retries) = match self.charge(book, key, hash, plan, now, cost, mode) {
+        let call = Call {
+            book,
+            key,
+            hash,
+            now,
+            cost,
+            headroom: plan.headroom,
+            mode,
+        };
+        let (mut d, retries) = match self.charge(call, plan) {
             Ok(charged) => charged,
             Err(Full) => (self.table_full(plan), 0),
         };

@@ -14,8 +14,8 @@ use std::sync::{Arc, Weak};
 
 use dashmap::DashMap;
 
-use super::book::{Book, PartRule};
-use super::charge::StateHook;
+use super::book::PartRule;
+use super::charge::{Call, StateHook};
 use super::{Limiter, Map};
 use crate::algo::{Kind, Rule};
 use crate::cell::{self, Applied, Mode};
@@ -224,76 +224,50 @@ impl StateHook for SyncHook<'_> {
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// [`apply_part`](Self::apply_part) on a synced limiter: the policy's answer while Redis
     /// is out of reach, else the charge with the tracker's hook.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn apply_synced(
         &self,
         s: &FlatStore<K>,
-        book: &Book,
-        key: &K,
-        hash: u64,
+        call: &Call<'_, K>,
         part: &PartRule,
-        headroom: u64,
-        now: u64,
-        cost: u64,
-        mode: Mode,
     ) -> Result<Applied, Full> {
         let sh = self
             .synced
             .as_ref()
             .expect("apply_synced on a synced limiter");
-        if let Some(decision) = sh.degraded(&part.rule, now) {
+        if let Some(decision) = sh.degraded(&part.rule, call.now) {
             return Ok(Applied {
                 decision,
                 token: None,
                 retries: 0,
             });
         }
-        let charged = sh.with_track(key, hash, part.id, |track| {
-            if !mode.is_peek() {
+        let charged = sh.with_track(call.key, call.hash, part.id, |track| {
+            if !call.mode.is_peek() {
                 track.checked();
             }
             let hook = SyncHook {
                 track,
                 rule: &part.rule,
-                now,
-                cost,
-                mode,
-                headroom,
+                now: call.now,
+                cost: call.cost,
+                mode: call.mode,
+                headroom: call.headroom,
             };
-            self.apply_inline(
-                s, book, key, hash, part, headroom, now, cost, mode, true, &hook,
-            )
+            self.apply_inline(s, call, part, true, &hook)
         });
         match charged {
             Some(a) => a,
-            None => self.apply_inline(
-                s,
-                book,
-                key,
-                hash,
-                part,
-                headroom,
-                now,
-                cost,
-                mode,
-                true,
-                &super::charge::NoHook,
-            ),
+            None => self.apply_inline(s, call, part, true, &super::charge::NoHook),
         }
     }
 
-    /// A refund of `cost` on (`key`, `rule`) at `now`: the units come off what is still to push.
-    pub(crate) fn refund_synced(
-        &self,
-        key: &K,
-        hash: u64,
-        rule_id: RuleId,
-        rule: &Rule,
-        now: u64,
-        cost: u64,
-    ) {
+    /// A refund of `call.cost` on (`call.key`, `rule`) at `call.now`: the units come off what
+    /// is still to push.
+    pub(crate) fn refund_synced(&self, call: &Call<'_, K>, rule_id: RuleId, rule: &Rule) {
         if let Some(sh) = &self.synced {
-            sh.with_track(key, hash, rule_id, |t| t.refunded(rule, now, cost));
+            sh.with_track(call.key, call.hash, rule_id, |t| {
+                t.refunded(rule, call.now, call.cost)
+            });
         }
     }
 
