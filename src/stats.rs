@@ -35,7 +35,8 @@ pub struct Stats {
     /// Keys evicted to make room for new ones (only ever fresh ones).
     pub evictions: u64,
     /// Sweep steps run: calls of [`Limiter::sweep_once`](crate::Limiter::sweep_once) (and
-    /// `sweep_now`, the sweeper's steps, housekeeping's), whatever number of shards each visits.
+    /// `sweep_now`, the sweeper's steps, housekeeping's, and the walks of new states at the
+    /// cap), whatever number of shards each visits.
     pub sweeps: u64,
     /// Keys removed by sweeping.
     pub swept: u64,

@@ -24,6 +24,25 @@ pub(crate) fn sweep_once<K, S: Store<K>>(
     cursor: &AtomicUsize,
     fresh: Fresh<'_>,
     budget: usize,
+    on_removed: impl FnMut(usize),
+) -> (usize, usize) {
+    sweep_until(
+        store,
+        cursor,
+        fresh,
+        |visited, _| visited >= budget,
+        on_removed,
+    )
+}
+
+/// Sweeps shards starting at `cursor`, one at a time, until `done(visited, removed)` (asked
+/// after each shard) or every shard has been seen once. Returns `(visited, removed)`; advances
+/// the cursor past the shards it swept.
+pub(crate) fn sweep_until<K, S: Store<K>>(
+    store: &S,
+    cursor: &AtomicUsize,
+    fresh: Fresh<'_>,
+    mut done: impl FnMut(usize, usize) -> bool,
     mut on_removed: impl FnMut(usize),
 ) -> (usize, usize) {
     let shards = store.shards();
@@ -35,7 +54,7 @@ pub(crate) fn sweep_once<K, S: Store<K>>(
         visited += v;
         removed += r;
         on_removed(r);
-        if visited >= budget {
+        if done(visited, removed) {
             break;
         }
     }

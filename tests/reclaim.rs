@@ -144,9 +144,9 @@ fn housekeeping_sweeps_stale_states_as_new_ones_come() {
 }
 
 /// Stale states anywhere make room, not only those near a new key's slot: with many shards a
-/// new key's neighbourhood holds no stale state, and the table is swept (at most once per
-/// 100 ms) before the key is denied. With the stale states gone, the table is full of live
-/// state and the next new key is denied.
+/// new key's neighbourhood holds no stale state, and the shards are swept in turn before the
+/// key is denied. With the stale states gone, the table is full of live state and the next new
+/// key is denied.
 #[test]
 fn stale_states_far_from_a_new_key_make_room_too() {
     for store in [StoreKind::Flat, StoreKind::Dash] {
@@ -180,5 +180,85 @@ fn stale_states_far_from_a_new_key_make_room_too() {
         clock.advance(Duration::from_millis(200));
         assert_eq!(l.check(&2_001).reason(), Reason::TableFull, "{store:?}");
         assert_eq!(reclaimed(&l), 4, "no live state is ever reclaimed");
+    }
+}
+
+/// The promise at the cap does not depend on housekeeping, nor on where the stale states lie:
+/// 64 shards, 4,096 states, housekeeping off, 16 stale states all in shards 0-7, and 16 new
+/// keys in shards 16-55, so no shard a new key's eviction looks in (its own and the next three)
+/// holds one. Every new key is admitted in a stale state's place (the table never holds more
+/// than `max_keys`), and once nothing is stale a new key is denied, until states go stale again.
+/// Both stores.
+#[test]
+fn stale_states_make_room_at_the_cap_without_housekeeping() {
+    const CAP: usize = 4_096;
+    for store in [StoreKind::Flat, StoreKind::Dash] {
+        let clock = FakeClock::new();
+        let l = Limiter::<u64>::builder()
+            .quota(Quota::per_minute(10))
+            .max_keys(CAP)
+            .shards(64)
+            .housekeeping(false)
+            .store(store)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        // Where a key lands (the hasher's seed is random): the shard its first check fills.
+        let shard_of = |k: u64| {
+            let before = l.shard_loads();
+            assert!(l.check(&k).is_allowed());
+            let after = l.shard_loads();
+            (0..before.len()).find(|&i| after[i] > before[i]).unwrap()
+        };
+        // New keys that land in shards 16-55, each checked once to see where, then forgotten.
+        let mut new_keys = Vec::new();
+        for k in 1_000_000.. {
+            if (16..56).contains(&shard_of(k)) {
+                new_keys.push(k);
+            }
+            assert!(l.reset(&k));
+            if new_keys.len() == 16 {
+                break;
+            }
+        }
+        assert_eq!(l.len(), 0);
+        // Fill the cap; the first 16 keys in shards 0-7 are the ones that will go stale.
+        let mut stale = Vec::new();
+        for k in 0..CAP as u64 {
+            if stale.len() < 16 {
+                if shard_of(k) < 8 {
+                    stale.push(k);
+                }
+            } else {
+                assert!(l.check(&k).is_allowed());
+            }
+        }
+        assert_eq!(l.len(), CAP);
+        // An hour later every state is fresh; all but the 16 come back and are live again.
+        clock.advance(Duration::from_secs(3_600));
+        for k in (0..CAP as u64).filter(|k| !stale.contains(k)) {
+            assert!(l.check(&k).is_allowed());
+        }
+        assert_eq!(reclaimed(&l), 0);
+        for &k in &new_keys {
+            let d = l.check(&k);
+            assert!(
+                d.is_allowed(),
+                "{store:?} new key {k}: {d:?} {:?}",
+                l.stats()
+            );
+            assert!(l.len() <= CAP);
+        }
+        assert_eq!(l.len(), CAP);
+        assert_eq!(reclaimed(&l), 16, "{store:?}: {:?}", l.stats());
+        assert_eq!(l.sweep_now(), 0, "{store:?}: a stale state was left behind");
+        // Nothing is stale: a new key is denied, and so is the next, with no state removed.
+        assert_eq!(l.check(&2_000_000).reason(), Reason::TableFull, "{store:?}");
+        assert_eq!(l.check(&stale[0]).reason(), Reason::TableFull, "{store:?}");
+        assert_eq!(reclaimed(&l), 16);
+        // Once the states are stale again (6 s of debt and the 1 s grace), new keys pass.
+        clock.advance(Duration::from_secs(7));
+        assert!(l.check(&2_000_000).is_allowed(), "{store:?}");
+        assert!(l.len() <= CAP);
     }
 }

@@ -93,6 +93,12 @@ pub(crate) fn is_fresh(tat: u64, now: u64) -> bool {
     tat <= now
 }
 
+/// The first moment from `now` on at which the state is fresh: when its debt runs out.
+#[inline]
+pub(crate) fn fresh_from(tat: u64, now: u64) -> u64 {
+    tat.max(now)
+}
+
 /// Takes back a charge of `cost` that wrote `written` (a compound limit whose other part
 /// denied), at `now`. Only what is left of that charge comes back: the part of it that has
 /// already drained (`written - now` is less than `cost * T`) is gone, and others' charges made

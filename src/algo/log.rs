@@ -62,6 +62,14 @@ impl Log {
             .is_none_or(|&(ts, _)| now.saturating_sub(ts) >= period)
     }
 
+    /// The first moment from `now` on at which nothing in the log counts: a period after its
+    /// latest entry.
+    pub(crate) fn fresh_from(&self, now: u64, period: u64) -> u64 {
+        self.entries
+            .back()
+            .map_or(now, |&(ts, _)| ts.saturating_add(period).max(now))
+    }
+
     /// Entries held (for memory accounting).
     pub(crate) fn len(&self) -> usize {
         self.entries.len()

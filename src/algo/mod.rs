@@ -161,6 +161,14 @@ pub(crate) fn window_of(now: u64, phase: u64, period: u64) -> (u64, u64) {
     (aligned / period, aligned % period)
 }
 
+/// The end of the window `now` falls in. A window algorithm judges a state by that window
+/// (which window the state counts, against `now`'s), whatever the moment in it, so a state that
+/// is not fresh at `now` cannot be before this.
+pub(crate) fn window_end(now: u64, rule: &Rule) -> u64 {
+    let (_, into) = window_of(now, rule.phase, rule.period);
+    now.saturating_add(rule.period - into)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Divisor, mul_div};

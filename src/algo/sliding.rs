@@ -187,6 +187,17 @@ pub(crate) fn is_fresh(state: u64, now: u64, rule: &Rule) -> bool {
     v.prev == 0 && v.cur == 0
 }
 
+/// The earliest moment from `now` on at which the state can be fresh: `now` if it is, else
+/// the end of `now`'s window (see [`super::window_end`]; a count in the current window lasts
+/// one window more, so this is a lower bound).
+pub(crate) fn fresh_from(state: u64, now: u64, rule: &Rule) -> u64 {
+    if is_fresh(state, now, rule) {
+        now
+    } else {
+        super::window_end(now, rule)
+    }
+}
+
 /// The window a charge landed in (the refund token).
 #[inline]
 pub(crate) fn token(state: u64) -> u64 {

@@ -485,6 +485,17 @@ impl Cell {
         }
     }
 
+    /// The earliest moment from `now` on at which this cell can be fresh (see
+    /// [`word_fresh_from`]).
+    pub(crate) fn fresh_from(&self, now: u64, rule: &Rule) -> u64 {
+        match self {
+            // Acquire: see `update`. A charge landing after the load only makes the moment
+            // later.
+            Cell::Word(word) => word_fresh_from(word.load(Ordering::Acquire), now, rule),
+            Cell::Log(log) => lock(log).fresh_from(now, rule.period),
+        }
+    }
+
     /// A cell for `new` that carries this one's spending under `old` (see the limiter's docs for
     /// the rule). Cells of a different kind start fresh.
     pub(crate) fn migrate(&self, now: u64, old: &Rule, new: &Rule) -> Cell {
@@ -520,6 +531,19 @@ pub(crate) fn word_is_fresh(state: u64, now: u64, rule: &Rule) -> bool {
     word_is_fresh_as(rule.kind, state, now, rule)
 }
 
+/// The earliest moment from `now` on at which a word cell holding `state` can be fresh: `now`
+/// when it is; otherwise a lower bound (exact for the buckets; the end of `now`'s window for
+/// the window algorithms). A charge only moves it later. A walk of the table at the cap that
+/// finds nothing stale notes the least of these, so the next walk waits for it.
+pub(crate) fn word_fresh_from(state: u64, now: u64, rule: &Rule) -> u64 {
+    match rule.kind {
+        Kind::Gcra => algo::gcra::fresh_from(state, now),
+        Kind::Fixed => algo::fixed::fresh_from(state, now, rule),
+        Kind::Sliding => algo::sliding::fresh_from(state, now, rule),
+        Kind::Log => now,
+    }
+}
+
 /// [`word_is_fresh`] for a rule of `kind`: a loop that passes a constant gets that algorithm's
 /// test alone, with no match per call.
 #[inline(always)]
@@ -550,5 +574,59 @@ pub(crate) fn decide_word(
         (Kind::Fixed, _) => algo::fixed::decide(state, now, cost, rule, headroom),
         (Kind::Sliding, _) => algo::sliding::decide(state, now, cost, rule, headroom),
         (Kind::Log, _) => unreachable!("a log rule always has a log cell"),
+    }
+}
+
+#[cfg(all(test, not(tollgate_loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::{Mode, decide_word, word_fresh_from, word_is_fresh};
+    use crate::{Algorithm, Quota};
+
+    proptest! {
+        /// `word_fresh_from` is `now` exactly when the state is fresh, and otherwise no moment
+        /// from `now` up to it finds the state fresh, so a walk at the cap that waits for the
+        /// least of them never waits past a stale state. States made by charges at earlier
+        /// moments, and any word at all (a clock that went back, a wrapped window id).
+        #[test]
+        fn no_state_is_fresh_before_its_fresh_from(
+            algorithm in prop::sample::select(vec![
+                Algorithm::TokenBucket,
+                Algorithm::FixedWindow,
+                Algorithm::SlidingWindowCounter,
+            ]),
+            limit in 1u64..10,
+            period in 100u64..10_000,
+            mut charges in prop::collection::vec(0u64..20_000, 0..6),
+            raw in prop::option::of(any::<u64>()),
+            later in 0u64..30_000,
+        ) {
+            let rule = Quota::new(limit, Duration::from_nanos(period))
+                .algorithm(algorithm)
+                .compile(7)
+                .unwrap();
+            charges.sort_unstable();
+            let mut state = 0;
+            for &t in &charges {
+                if let Some(next) = decide_word(state, t, 1, &rule, 0, Mode::Check).next {
+                    state = next;
+                }
+            }
+            let state = raw.unwrap_or(state);
+            let now = charges.last().copied().unwrap_or(0) + later;
+            let from = word_fresh_from(state, now, &rule);
+            prop_assert!(from >= now);
+            prop_assert_eq!(from == now, word_is_fresh(state, now, &rule));
+            for k in 0..16 {
+                let t = now + (from - now) / 16 * k;
+                prop_assert!(t == now && from == now || !word_is_fresh(state, t, &rule), "{t}");
+            }
+            if from > now {
+                prop_assert!(!word_is_fresh(state, from - 1, &rule));
+            }
+        }
     }
 }

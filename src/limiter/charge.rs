@@ -423,7 +423,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// an old state meanwhile loses that charge with it (only while the change is installed).
     fn retire_lineage<S: Store<K>>(&self, s: &S, key: &K, part: &PartRule) {
         for &old in &part.lineage {
-            s.remove(key, old);
+            if s.remove(key, old) {
+                self.forget_stale_from();
+            }
         }
     }
 
@@ -507,6 +509,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             now: now.saturating_sub(self.sweep_grace_ns),
             rules: &book.rules,
             evictions: evictions.then_some(&self.counters),
+            next: None,
         }
     }
 }

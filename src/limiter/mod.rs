@@ -246,8 +246,9 @@ impl<K, C: Clock> Builder<K, C> {
     /// most 65,536), the call that makes the count sweeps one shard (others skip while it
     /// runs), so stale states go and sliding logs give their memory back with no sweeper
     /// thread and no sweep call; amortised, about 10 slot visits a new state (a shard has about
-    /// 1.2 slots a state). Off: stale states
-    /// go only by sweeping (`sweep_once`, `start_sweeper`) and by reclaim at the cap.
+    /// 1.2 slots a state). Off: stale states go only by sweeping (`sweep_once`,
+    /// `start_sweeper`) and by reclaim at the cap, which is the same either way: a new state at
+    /// the cap is denied only when nothing in the table is stale (see [`OnFull::EvictFresh`]).
     ///
     /// ```
     /// use tollgate::{Limiter, Quota};
@@ -365,7 +366,8 @@ impl<K, C: Clock> Builder<K, C> {
             },
             housekeeping: crate::sync::AtomicBool::new(false),
             evicts: self.on_full == OnFull::EvictFresh,
-            last_reclaim: crate::sync::AtomicU64::new(u64::MAX),
+            reclaiming: crate::sync::AtomicBool::new(false),
+            stale_from: crate::sync::AtomicU64::new(0),
             #[cfg(feature = "redis")]
             synced: None,
             #[cfg(feature = "redis")]
@@ -462,9 +464,15 @@ impl<K, C: Clock> Builder<K, C> {
     }
 }
 
-/// The least time between two whole-table sweeps by new states at the cap (see
-/// [`Limiter::reclaim_at_cap`]): 100 ms.
+/// How long a walk at the cap that freed nothing is trusted at most (see
+/// [`Limiter::reclaim_at_cap`]): 100 ms. A call racing the walk (an insert behind it, a
+/// refund) can leave a state that goes stale before the moment the walk noted; the next walk,
+/// at most this much later, finds it.
 const RECLAIM_EVERY_NS: u64 = 100_000_000;
+
+/// [`Limiter::stale_from`] while a walk at the cap runs: later than any moment, so other new
+/// states at the cap are denied meanwhile, as when a walk has just found nothing.
+const WALKING: u64 = u64::MAX;
 
 /// The most shards [`Builder::shards`] accepts.
 pub const MAX_SHARDS: usize = 1 << 16;
@@ -554,9 +562,15 @@ pub struct Limiter<K, C = MonotonicClock> {
     /// Exact mode: each plan's Redis limiter.
     #[cfg(feature = "redis")]
     exact: Option<exact::Exact<K>>,
-    /// Clock reading (ns) of the last sweep a new state at the cap ran (see
-    /// [`reclaim_at_cap`](Self::reclaim_at_cap)); `u64::MAX` before the first.
-    last_reclaim: crate::sync::AtomicU64,
+    /// A walk of the table for a new state at the cap is running (see
+    /// [`reclaim_at_cap`](Self::reclaim_at_cap)): one at a time.
+    reclaiming: crate::sync::AtomicBool,
+    /// The moment (in sweep terms: clock less the sweep grace) before which no state in the
+    /// table can be stale, as the last walk at the cap that freed nothing found it; 0 when
+    /// unknown (a walk may free something), [`WALKING`] while a walk runs. A removal that is
+    /// not of a stale state (`reset`, a plan change's move) sets it to 0: a state inserted in
+    /// its place may go stale sooner.
+    stale_from: crate::sync::AtomicU64,
 }
 
 impl<K, C: std::fmt::Debug> std::fmt::Debug for Limiter<K, C> {
@@ -1046,11 +1060,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         // AcqRel: a refund that reads the count after this reset (Acquire) sees it, and one
         // whose charge read it before cannot land (see `resets`).
         self.resets.fetch_add(1, crate::sync::Ordering::AcqRel);
-        let mut any = self.penalties.remove(key);
+        let blocked = self.penalties.remove(key);
+        let mut removed = false;
         for id in 0..rules {
-            any |= on_store!(&self.store, s => s.remove(key, id as crate::store::RuleId));
+            removed |= on_store!(&self.store, s => s.remove(key, id as crate::store::RuleId));
         }
-        any
+        if removed {
+            self.forget_stale_from();
+        }
+        blocked || removed
     }
 
     /// A penalty: `key` is denied for `duration` from now under every plan, whatever its
@@ -1513,35 +1531,74 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         }
     }
 
-    /// A new state found the table at the cap and no fresh state near its slot: sweeps the whole
-    /// table, so stale states anywhere make room, at most once per [`RECLAIM_EVERY_NS`] (a
-    /// table really full of live state, flooded with new keys, then costs one sweep per
-    /// interval, not one per key). True if it ran and removed a state: the insert is worth
-    /// another try. Only with eviction (`OnFull::EvictFresh`, the default) and housekeeping on.
+    /// A new state found the table at the cap and no fresh state near its slot: walks the
+    /// shards from the sweep cursor, sweeping each, until one frees a state (true: the insert
+    /// is worth another try), so a stale state anywhere in the table makes room, with or
+    /// without housekeeping. Only with eviction (`OnFull::EvictFresh`, the default).
+    ///
+    /// A walk that frees nothing has swept every shard and noted the earliest moment a state
+    /// it kept can go stale ([`Fresh::next`](crate::store::Fresh::next)); until then (for at
+    /// most [`RECLAIM_EVERY_NS`]) a new state at the cap is denied after one load, so a table
+    /// full of live state, flooded with new keys, costs a walk when a state may have gone
+    /// stale, not one per key. A walk
+    /// that freed a state leaves the next one free to run (it continues from the cursor, where
+    /// the stale states not yet swept are). One walk at a time: a new state at the cap while
+    /// one runs is denied, as if it came just before the walk freed anything.
     #[cold]
     pub(crate) fn reclaim_at_cap(&self, now: u64) -> bool {
-        if !self.evicts || self.housekeep_every == 0 {
+        use crate::sync::Ordering::{Acquire, Relaxed, Release};
+        if !self.evicts {
             return false;
         }
-        // Relaxed: the reading only paces the sweep (which synchronises itself); one thread
-        // wins the swap and sweeps, the others deny as before.
-        let last = self.last_reclaim.load(crate::sync::Ordering::Relaxed);
-        if last != u64::MAX && now.saturating_sub(last) < RECLAIM_EVERY_NS {
+        let judged = now.saturating_sub(self.sweep_grace_ns);
+        // Relaxed: a hint that only spares walks; each removal is exact by itself.
+        if judged < self.stale_from.load(Relaxed) {
             return false;
         }
-        if self
-            .last_reclaim
-            .compare_exchange(
-                last,
-                now,
-                crate::sync::Ordering::Relaxed,
-                crate::sync::Ordering::Relaxed,
-            )
-            .is_err()
-        {
+        // Acquire/Release: only makes one walk run at a time, so only one thread writes
+        // WALKING and then replaces it.
+        if self.reclaiming.swap(true, Acquire) {
             return false;
         }
-        self.sweep_once(usize::MAX) > 0
+        // Relaxed (both): one variable, whose modification order is all that matters: if a
+        // removal stores 0 after WALKING, the walk's exchange below fails and 0 stays.
+        self.stale_from.store(WALKING, Relaxed);
+        let next = std::cell::Cell::new(u64::MAX);
+        let fresh = crate::store::Fresh {
+            next: Some(&next),
+            ..self.fresh(self.book.current(), now, false)
+        };
+        self.counters.sweep_step();
+        let removed = on_store!(&self.store, s => sweep::sweep_until(
+            s,
+            &self.sweep_cursor,
+            fresh,
+            |_, removed| removed > 0,
+            |r| self.counters.swept(r),
+        )
+        .1);
+        let stale_from = if removed == 0 {
+            next.get().min(judged.saturating_add(RECLAIM_EVERY_NS))
+        } else {
+            0
+        };
+        let _ = self
+            .stale_from
+            .compare_exchange(WALKING, stale_from, Relaxed, Relaxed);
+        self.reclaiming.store(false, Release);
+        #[cfg(feature = "tracing")]
+        tracing::debug!(target: "tollgate", removed, "walk at the cap");
+        removed > 0
+    }
+
+    /// A state that may not be stale was removed (`reset`, a plan change's move): a new one in
+    /// its place may go stale before the moment the last walk at the cap noted, so the next
+    /// new state at the cap walks again.
+    pub(crate) fn forget_stale_from(&self) {
+        // Relaxed: see `stale_from`; a load first, so a table below the cap writes nothing.
+        if self.stale_from.load(crate::sync::Ordering::Relaxed) != 0 {
+            self.stale_from.store(0, crate::sync::Ordering::Relaxed);
+        }
     }
 
     #[cold]

@@ -77,11 +77,15 @@ pub enum OnFull {
     /// and never remove a state to make room (stale states go only by sweeping).
     Deny,
     /// The default: reclaim a state already back to fresh (so the reclaim gives nobody extra
-    /// permits), in the neighbourhood the insert visits; deny as [`OnFull::Deny`] when there is
-    /// none. The flat store looks at 64 slots from the new state's home position in its shard
+    /// permits), first in the neighbourhood the insert visits, else by sweeping shards in turn
+    /// until one frees a state; deny as [`OnFull::Deny`] only when nothing in the table is
+    /// stale. The flat store looks at 64 slots from the new state's home position in its shard
     /// and in each of the next three, and at the spilled logs of its own shard (a bounded cost
     /// per new state, against one read of a counter under [`OnFull::Deny`]: the eviction flood
-    /// test prints it); the dash store at the new state's shard and the next three.
+    /// test prints it); the dash store at the new state's shard and the next three. A walk of
+    /// the shards that frees nothing notes when the next state can go stale: until then (at
+    /// most 100 ms) a new state is denied after one load, so a table full of live state is not
+    /// walked once per new key.
     #[default]
     EvictFresh,
 }
@@ -125,6 +129,10 @@ pub(crate) struct Fresh<'a> {
     pub(crate) rules: &'a [Rule],
     /// Where evictions are counted (none for sweeps, which count their own removals).
     pub(crate) evictions: Option<&'a crate::stats::Counters>,
+    /// Where a walk of the table at the cap keeps the earliest moment (in `now`'s terms) at
+    /// which a state it judged not fresh can be (see [`crate::cell::word_fresh_from`]); none
+    /// for other sweeps and evictions.
+    pub(crate) next: Option<&'a std::cell::Cell<u64>>,
 }
 
 impl Fresh<'_> {
@@ -138,16 +146,27 @@ impl Fresh<'_> {
     /// Whether a word cell of rule `rule` holding `word` is fresh.
     #[inline(always)]
     pub(crate) fn word(&self, rule: RuleId, word: u64) -> bool {
-        self.rules
-            .get(usize::from(rule))
-            .is_some_and(|r| crate::cell::word_is_fresh(word, self.now, r))
+        self.rules.get(usize::from(rule)).is_some_and(|r| {
+            let fresh = crate::cell::word_is_fresh(word, self.now, r);
+            if let (false, Some(next)) = (fresh, self.next) {
+                next.set(
+                    next.get()
+                        .min(crate::cell::word_fresh_from(word, self.now, r)),
+                );
+            }
+            fresh
+        })
     }
 
     /// Whether `cell`, of rule `rule`, is fresh.
     pub(crate) fn cell(&self, rule: RuleId, cell: &Cell) -> bool {
-        self.rules
-            .get(usize::from(rule))
-            .is_some_and(|r| cell.is_fresh(self.now, r))
+        self.rules.get(usize::from(rule)).is_some_and(|r| {
+            let fresh = cell.is_fresh(self.now, r);
+            if let (false, Some(next)) = (fresh, self.next) {
+                next.set(next.get().min(cell.fresh_from(self.now, r)));
+            }
+            fresh
+        })
     }
 }
 
