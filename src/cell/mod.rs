@@ -333,6 +333,7 @@ pub(crate) fn refund_inline(
 /// Replaces an inline slot's word by `next(word)` until a swap sticks, from `word` read with
 /// the slot's tag (`next` answering `None`: leave it as it is). `None` when the slot is no
 /// longer the key's.
+#[cfg(feature = "redis")]
 #[inline]
 pub(crate) fn replace_inline(
     slot: &impl Word,

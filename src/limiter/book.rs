@@ -256,6 +256,7 @@ impl Book {
     /// tables keyed by plan id, where [`PlanId::DEFAULT`] would be another key.
     ///
     /// [`Limiter::plan`]: crate::Limiter::plan
+    #[cfg(feature = "http")]
     pub(crate) fn default_id(&self) -> PlanId {
         PlanId {
             index: 0,
