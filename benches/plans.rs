@@ -158,6 +158,24 @@ fn streams(threads: usize) -> Vec<Vec<u64>> {
         .collect()
 }
 
+/// `calls` calls of `case` in turn over `keys`, one thread (for instruction counts).
+#[inline(never)]
+fn calls_tollgate(case: &dyn Case, keys: &[u64], calls: usize) {
+    for &k in keys.iter().cycle().take(calls) {
+        black_box(case.call(k));
+    }
+}
+
+/// [`calls_tollgate`] for the governor side (a function of its own for the profile).
+#[inline(never)]
+fn calls_governor(case: &dyn Case, keys: &[u64], calls: usize) {
+    // Not the same body as `calls_tollgate`, which the compiler would merge with this one.
+    black_box("governor");
+    for &k in keys.iter().cycle().take(calls) {
+        black_box(case.call(k));
+    }
+}
+
 /// Fills every key once so the measured calls find their state.
 fn fill(case: &dyn Case) {
     for k in 0..KEYS {
@@ -255,6 +273,22 @@ fn main() {
             &g_all_global_denies,
         ),
     ];
+    if let Ok(only) = std::env::var("TOLLGATE_PLANS_ONLY") {
+        // Instruction counts: run under `valgrind --tool=callgrind` and read the inclusive
+        // cost of `calls_tollgate` and `calls_governor` (see docs/performance.md).
+        let calls: usize =
+            std::env::var("TOLLGATE_PLANS_CALLS").map_or(100_000, |v| v.parse().unwrap());
+        let (_, t, g) = cases
+            .iter()
+            .find(|(name, _, _)| name.contains(only.as_str()))
+            .expect("no such case");
+        fill(*t);
+        fill(*g);
+        let keys = &streams(1)[0];
+        calls_tollgate(*t, keys, calls);
+        calls_governor(*g, keys, calls);
+        return;
+    }
     for (_, t, g) in &cases {
         fill(*t);
         fill(*g);

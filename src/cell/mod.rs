@@ -197,6 +197,33 @@ pub(crate) fn update(
     update_word_from(cell, current, step).expect("a cell's word is always its key's")
 }
 
+/// One call on a word state, as the store runs it on the slot it finds the state in: the
+/// decision step and its arguments, applied by [`apply`](Self::apply) inline (a closure of the
+/// same body was left out of line, a call per check).
+#[derive(Clone, Copy)]
+pub(crate) struct WordCall<'r> {
+    pub(crate) rule: &'r Rule,
+    pub(crate) now: u64,
+    pub(crate) cost: u64,
+    pub(crate) headroom: u64,
+    /// Whether the charge must leave a refund token ([`apply_inline_part`]); else the
+    /// algorithm's own check loop ([`apply_inline`]).
+    pub(crate) token: bool,
+}
+
+impl WordCall<'_> {
+    /// Charges the word `word` of `slot`, read with the slot's tag (see [`apply_inline`]).
+    #[inline(always)]
+    pub(crate) fn apply(&self, slot: &impl Word, word: u64) -> Option<Applied> {
+        let (now, cost, rule, headroom) = (self.now, self.cost, self.rule, self.headroom);
+        if self.token {
+            apply_inline_part(slot, word, now, cost, rule, headroom, Mode::Check)
+        } else {
+            apply_inline(slot, word, now, cost, rule, headroom, Mode::Check)
+        }
+    }
+}
+
 /// Applies one call to an inline slot: the same decision and state as [`Cell::apply`] on a word
 /// cell holding `word`. `None` when the slot is no longer the key's.
 #[inline(always)]

@@ -10,7 +10,7 @@
 use std::hash::Hash;
 
 use super::book::{Book, Compiled, PartRule, Short};
-use super::engine::{Limits, all_or_nothing};
+use super::engine::{Limits, Request, all_or_nothing};
 use super::{Limiter, Map};
 use crate::algo::Kind;
 use crate::cell::{self, Applied, Cell, Mode};
@@ -198,7 +198,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
 
     /// `plan`'s charge on the short path with every part's decision and refund token (for a
-    /// charge that may be taken back), where the short path applies (see
+    /// charge that may be taken back and reported part by part), where the short path applies (see
     /// [`charge_words`](Self::charge_words)); `None`, having changed nothing, where it does not.
     #[inline(always)]
     pub(crate) fn charge_short_outcome(
@@ -211,19 +211,22 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let Map::Flat(s) = &self.store else {
             return None;
         };
+        let req = Request { hash, now, cost };
         let mut out = Outcome::new(Decision::NEUTRAL);
         match &plan.short {
             Short::One(words) => {
-                let c = self.charge_words(s, words, hash, now, cost, true)?;
+                let mut parts = [Decision::NEUTRAL; 1];
+                let c = self.charge_words(s, words, req, true, Some(&mut parts))?;
                 (out.decision, out.tokens, out.retries) =
                     (c.decision, c.undo_tokens(words), c.retries);
-                out.parts[0] = Some(c.parts[0]);
+                out.parts[0] = Some(parts[0]);
             }
             Short::Two(words) => {
-                let c = self.charge_words(s, words, hash, now, cost, true)?;
+                let mut parts = [Decision::NEUTRAL; 2];
+                let c = self.charge_words(s, words, req, true, Some(&mut parts))?;
                 (out.decision, out.tokens, out.retries) =
                     (c.decision, c.undo_tokens(words), c.retries);
-                out.parts[..2].copy_from_slice(&c.parts.map(Some));
+                out.parts[..2].copy_from_slice(&parts.map(Some));
             }
             Short::None => return None,
         }
@@ -243,8 +246,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             return None;
         };
         match &plan.short {
-            Short::One(words) => self.peek_words(s, words, hash, now, cost),
-            Short::Two(words) => self.peek_words(s, words, hash, now, cost),
+            Short::One(words) => self.peek_words(s, words, Request { hash, now, cost }),
+            Short::Two(words) => self.peek_words(s, words, Request { hash, now, cost }),
             Short::None => None,
         }
     }

@@ -4,16 +4,17 @@
 
 use std::hash::Hash;
 
+use super::book::{Book, Compiled, Short, Words};
 use super::charge::{Call, Outcome, Undo};
-use super::engine::{Limits, all_or_nothing};
-use super::{Limiter, clamp_now};
+use super::engine::{Limits, Request, all_or_nothing};
+use super::{Limiter, Map, clamp_now};
 use crate::cell::Mode;
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
 use crate::plan::PlanId;
 use crate::stats::Count;
-use crate::store::Full;
+use crate::store::{FlatStore, Full};
 
 /// A key bound to its limiter and plan: one part of a cross-key compound limit ([`check_all`]).
 pub struct Bound<'a, K, C> {
@@ -38,13 +39,24 @@ mod sealed {
 /// read from, and the time.
 type Time = Option<(usize, u64)>;
 
+/// How a part takes part in a call (see [`Bound::decide`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Charged, and counted in its plan's stats.
+    Charge,
+    /// Only decided, after another part denied: counted as denied elsewhere.
+    Peek,
+    /// What it holds (a peek of cost 0), counted nowhere.
+    Held,
+}
+
 /// One part of a compound limit across keys: a [`Bound`] key. Sealed.
 pub trait Part: sealed::Sealed {
     /// Decides the part for `cost` units into `d`: charges it (counted in its plan's stats,
     /// with what a refund needs written into `undo`, left `None` when nothing stays charged),
-    /// or with `peek` only decides (nothing charged, nothing counted). `time` is the clock
-    /// reading of an earlier part, used when this part's clock is the same, else replaced by
-    /// this part's own.
+    /// or with `peek` (another part denied the call) only decides it (nothing charged;
+    /// counted as denied elsewhere). `time` is the clock reading of an earlier part, used when
+    /// this part's clock is the same, else replaced by this part's own.
     #[doc(hidden)]
     fn charge_part(
         &self,
@@ -54,16 +66,12 @@ pub trait Part: sealed::Sealed {
         undo: &mut Option<Undo>,
         time: &mut Time,
     ) -> Result<(), Error>;
-    /// Takes back a charge; what the part holds afterwards (see [`Decision::held`]), where it
-    /// can be read here (not a plan gone, not exact mode).
+    /// Takes back an admission: its charge (`undo`, where anything stays charged) and its
+    /// count, counted instead as denied elsewhere (`elsewhere`: another part denied the call)
+    /// or not at all (the call failed). With `elsewhere`, what the part holds afterwards (see
+    /// [`Decision::held`]), where it can be read here (not a plan gone, not exact mode).
     #[doc(hidden)]
-    fn undo_part(&self, undo: Option<Undo>, time: &mut Time) -> Option<Decision>;
-    /// Counts in the part's stats that another part denied the call (`elsewhere`): in place of
-    /// the admission [`charge_part`](Self::charge_part) counted (`admitted`), or, for a part
-    /// never charged, on its own. `elsewhere` false: the admission is not counted after all
-    /// (the call failed).
-    #[doc(hidden)]
-    fn recount(&self, admitted: bool, elsewhere: bool);
+    fn undo_part(&self, undo: Option<Undo>, elsewhere: bool, time: &mut Time) -> Option<Decision>;
 }
 
 impl<K, C> sealed::Sealed for Bound<'_, K, C> {}
@@ -77,21 +85,23 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         undo: &mut Option<Undo>,
         time: &mut Time,
     ) -> Result<(), Error> {
-        self.charge(cost, peek, d, undo, time)
+        let role = if peek { Role::Peek } else { Role::Charge };
+        self.decide(cost, role, d, undo, time)
     }
 
-    fn undo_part(&self, undo: Option<Undo>, time: &mut Time) -> Option<Decision> {
+    fn undo_part(&self, undo: Option<Undo>, elsewhere: bool, time: &mut Time) -> Option<Decision> {
+        let l = self.limiter;
         if let Some(undo) = undo {
-            self.limiter.take_back(self.key, undo, self.now(time));
+            l.take_back(self.key, undo, self.now(time));
+        }
+        l.recount(self.plan, Some(Count::Allowed), elsewhere);
+        if !elsewhere {
+            return None;
         }
         let mut held = Decision::NEUTRAL;
-        self.charge(0, true, &mut held, &mut None, time).ok()?;
+        self.decide(0, Role::Held, &mut held, &mut None, time)
+            .ok()?;
         Some(held.held())
-    }
-
-    fn recount(&self, admitted: bool, elsewhere: bool) {
-        self.limiter
-            .recount(self.plan, admitted.then_some(Count::Allowed), elsewhere);
     }
 }
 
@@ -112,12 +122,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         }
     }
 
-    /// See [`Part::charge_part`]; a peek of cost 0 decides what the part holds.
+    /// The part's decision for `cost` units in `role` (see [`Part::charge_part`]), on the short
+    /// path where the plan has one, else on the general path.
     #[inline(always)]
-    fn charge(
+    fn decide(
         &self,
         cost: u64,
-        peek: bool,
+        role: Role,
         d: &mut Decision,
         undo: &mut Option<Undo>,
         time: &mut Time,
@@ -134,48 +145,94 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         }
         let book = l.book.current();
         let plan = book.get(self.plan)?;
-        if !peek {
+        if role == Role::Charge {
             plan.check_cost(cost)?;
         }
-        let now = self.now(time);
-        let hash = l.key_hash(self.key);
-        let resets = l.resets();
-        if peek {
-            if let Some(peeked) = l.peek_short(plan, hash, now, cost) {
-                *d = peeked;
-                return Ok(());
-            }
+        let req = Request {
+            hash: l.key_hash(self.key),
+            now: self.now(time),
+            cost,
+        };
+        let done = match (&l.store, &plan.short) {
+            (Map::Flat(s), Short::One(words)) => self.short(s, words, req, role, d, undo),
+            (Map::Flat(s), Short::Two(words)) => self.short(s, words, req, role, d, undo),
+            _ => false,
+        };
+        if !done {
+            self.general(book, plan, req, role, d, undo);
         }
-        let short = match peek {
-            false => l.charge_short_outcome(plan, hash, now, cost),
-            true => None,
-        };
-        let out = match short {
-            Some(out) => out,
-            None => {
-                let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
-                let call = Call {
-                    book,
-                    key: self.key,
-                    hash,
-                    now,
-                    cost,
-                    headroom: plan.headroom,
-                    mode: if peek { Mode::Peek } else { Mode::Check },
-                };
-                match l.charge_parts(call, plan, &mut out) {
-                    Ok(()) => out,
-                    Err(Full) => Outcome::new(l.table_full(plan)),
-                }
-            }
-        };
-        *d = out.decision;
-        if !peek {
-            plan.counts.count(Count::of(d), out.retries);
-            debug_assert!(!d.allowed || d.reason == Reason::Within, "{d:?}");
-            *undo = Undo::of(d, hash, cost, resets, out.tokens);
+        if role == Role::Peek {
+            plan.counts.count(Count::DeniedElsewhere, 0);
         }
         Ok(())
+    }
+
+    /// [`decide`](Self::decide) on the short path (see [`Limiter::charge_words`]): true when
+    /// it applied and decided into `d` and `undo`, false, having changed nothing, when the
+    /// general path decides.
+    #[inline(always)]
+    fn short<const N: usize>(
+        &self,
+        s: &FlatStore<K>,
+        words: &Words<N>,
+        req: Request,
+        role: Role,
+        d: &mut Decision,
+        undo: &mut Option<Undo>,
+    ) -> bool {
+        let l = self.limiter;
+        if role != Role::Charge {
+            return l
+                .peek_words(s, words, req)
+                .map(|peeked| *d = peeked)
+                .is_some();
+        }
+        let resets = l.resets();
+        let Some(c) = l.charge_words(s, words, req, true, None) else {
+            return false;
+        };
+        *d = c.decision;
+        words.counts.count(Count::of(d), c.retries);
+        *undo = Undo::of(d, req.hash, req.cost, resets, c.undo_tokens(words));
+        true
+    }
+
+    /// [`decide`](Self::decide) on the general path (out of line: the short path stays small).
+    #[inline(never)]
+    fn general(
+        &self,
+        book: &Book,
+        plan: &Compiled,
+        req: Request,
+        role: Role,
+        d: &mut Decision,
+        undo: &mut Option<Undo>,
+    ) {
+        let l = self.limiter;
+        let resets = l.resets();
+        let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
+        let call = Call {
+            book,
+            key: self.key,
+            hash: req.hash,
+            now: req.now,
+            cost: req.cost,
+            headroom: plan.headroom,
+            mode: if role == Role::Charge {
+                Mode::Check
+            } else {
+                Mode::Peek
+            },
+        };
+        if let Err(Full) = l.charge_parts(call, plan, &mut out) {
+            out = Outcome::new(l.table_full(plan));
+        }
+        *d = out.decision;
+        if role == Role::Charge {
+            plan.counts.count(Count::of(d), out.retries);
+            debug_assert!(!d.allowed || d.reason == Reason::Within, "{d:?}");
+            *undo = Undo::of(d, req.hash, req.cost, resets, out.tokens);
+        }
     }
 }
 
@@ -240,10 +297,9 @@ fn decide_all(
     match all_or_nothing(&mut all)? {
         None => Ok(all.merged),
         Some(_) => {
-            // Denied still, for the denying part's reason (merged: the parts up to it).
+            // Denied still, for the denying part's reason: the report starts from its decision.
             let mut d = all.reported;
             d.allowed = false;
-            d.reason = all.merged.reason;
             d.delay_ns = 0;
             Ok(d)
         }
@@ -276,13 +332,9 @@ impl<U: AsMut<[Option<Undo>]>> Limits for Across<'_, U> {
         let part = self.parts[i];
         let mut d = Decision::NEUTRAL;
         if peek {
-            // Never charged: its plan counts the call as denied elsewhere. A part that cannot
-            // be peeked here (exact mode) is left out of the report.
-            part.recount(false, true);
-            if part
-                .charge_part(self.cost, true, &mut d, &mut None, &mut self.time)
-                .is_ok()
-            {
+            // A part that cannot be peeked here (exact mode) is left out of the report.
+            let peeked = part.charge_part(self.cost, true, &mut d, &mut None, &mut self.time);
+            if peeked.is_ok() {
                 self.reported.merge(&d);
             }
             return Ok(d.allowed);
@@ -295,30 +347,22 @@ impl<U: AsMut<[Option<Undo>]>> Limits for Across<'_, U> {
             &mut self.time,
         )?;
         if i == 0 {
-            self.merged = Decision::NEUTRAL;
+            self.merged = d;
+        } else {
+            self.merged.merge(&d);
         }
-        self.merged.merge(&d);
         if !d.allowed {
-            self.reported.merge(&d);
+            // A denial's report starts from the denying part's decision.
+            self.reported = d;
         }
         Ok(d.allowed)
     }
 
     fn refund(&mut self, i: usize, report: bool) {
-        let part = self.parts[i];
         let undo = self.undos.as_mut()[i].take();
-        if report {
-            // Another part denied: this admission is taken back, in the state and the stats.
-            part.recount(true, true);
-            if let Some(held) = part.undo_part(undo, &mut self.time) {
-                self.reported.merge(&held);
-            }
-        } else {
-            // The call failed: the admission is not counted after all.
-            part.recount(true, false);
-            if undo.is_some() {
-                let _ = part.undo_part(undo, &mut self.time);
-            }
+        let held = self.parts[i].undo_part(undo, report, &mut self.time);
+        if let Some(held) = held {
+            self.reported.merge(&held);
         }
     }
 }

@@ -14,7 +14,7 @@ use std::hash::Hash;
 
 use super::Limiter;
 use super::book::Words;
-use crate::cell::{self, Applied, Mode};
+use crate::cell::{self, Mode};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::plan::MAX_PARTS;
@@ -67,12 +67,19 @@ pub(crate) fn all_or_nothing<L: Limits + ?Sized>(
     Ok(None)
 }
 
-/// What a charge on the short path did: each part's decision, the merged one (before the
-/// plan's soft strategy), and what a refund of each part needs.
+/// One call on the short path: the key's hash ([`Limiter::key_hash`]), the time and the cost.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Request {
+    pub(crate) hash: u64,
+    pub(crate) now: u64,
+    pub(crate) cost: u64,
+}
+
+/// What a charge on the short path did: the merged decision (before the plan's soft
+/// strategy) and what a refund of each part needs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Charged<const N: usize> {
     pub(crate) decision: Decision,
-    pub(crate) parts: [Decision; N],
     /// Each part's refund token; `None` where nothing stays charged.
     pub(crate) tokens: [Option<u64>; N],
     /// Compare-and-swap attempts lost to other threads.
@@ -81,6 +88,7 @@ pub(crate) struct Charged<const N: usize> {
 
 impl<const N: usize> Charged<N> {
     /// The tokens as a refund record keeps them (rule id and token, per part).
+    #[inline(always)]
     pub(crate) fn undo_tokens(&self, words: &Words<N>) -> [Option<(RuleId, u64)>; MAX_PARTS] {
         let mut tokens = [None; MAX_PARTS];
         for (i, t) in self.tokens.iter().enumerate() {
@@ -94,18 +102,35 @@ impl<const N: usize> Charged<N> {
 struct InSlots<'a, K, const N: usize> {
     store: &'a FlatStore<K>,
     words: &'a Words<N>,
-    hash: u64,
-    now: u64,
-    cost: u64,
-    /// Whether a refund token is wanted for every part (a one-part charge that no later limit
-    /// can deny needs none, and its check then takes the algorithm's own loop).
+    req: Request,
+    /// Whether every part must leave a refund token (a charge that may be taken back later).
+    /// One part that nothing can take back needs none: its check then runs the algorithm's
+    /// own loop.
     tokens: bool,
+    /// Where each part's decision goes, for a caller that reports them.
+    parts: Option<&'a mut [Decision; N]>,
     out: Charged<N>,
 }
 
 /// A part's state left its slot under the short path (or was never there): the general path
 /// decides.
 pub(crate) struct Missed;
+
+impl<K: Hash + Eq + Clone, const N: usize> InSlots<'_, K, N> {
+    /// Notes part `i`'s decision `d` in the merged one: `first` starts it anew (the first part
+    /// charged, or the denying part, whose decision a denial's report starts from).
+    #[inline(always)]
+    fn note(&mut self, i: usize, d: &Decision, first: bool) {
+        if let Some(parts) = &mut self.parts {
+            parts[i] = *d;
+        }
+        if first {
+            self.out.decision = *d;
+        } else {
+            self.out.decision.merge(d);
+        }
+    }
+}
 
 impl<K: Hash + Eq + Clone, const N: usize> Limits for InSlots<'_, K, N> {
     type Error = Missed;
@@ -117,115 +142,107 @@ impl<K: Hash + Eq + Clone, const N: usize> Limits for InSlots<'_, K, N> {
 
     #[inline(always)]
     fn charge(&mut self, i: usize, peek: bool) -> Result<bool, Missed> {
-        let (rule, id) = (&self.words.rules[i], self.words.ids[i]);
-        let (now, cost, headroom) = (self.now, self.cost, self.words.headroom);
-        let a = if peek {
-            Applied {
-                decision: peek_word(self.store, self.words, i, self.hash, now, cost)
-                    .ok_or(Missed)?,
-                token: None,
-                retries: 0,
-            }
-        } else if N == 1 && !self.tokens {
-            self.store
-                .apply_word_once(self.hash, id, |slot, word| {
-                    cell::apply_inline(slot, word, now, cost, rule, headroom, Mode::Check)
-                })
-                .ok_or(Missed)?
-        } else {
-            self.store
-                .apply_word_once(self.hash, id, |slot, word| {
-                    cell::apply_inline_part(slot, word, now, cost, rule, headroom, Mode::Check)
-                })
-                .ok_or(Missed)?
+        let Request { hash, now, cost } = self.req;
+        if peek {
+            let d = peek_word(self.store, self.words, i, self.req).ok_or(Missed)?;
+            self.note(i, &d, false);
+            return Ok(d.allowed);
+        }
+        let call = cell::WordCall {
+            rule: &self.words.rules[i],
+            now,
+            cost,
+            headroom: self.words.headroom,
+            token: N > 1 || self.tokens,
         };
-        self.out.parts[i] = a.decision;
+        let a = self
+            .store
+            .charge_once(hash, self.words.ids[i], &call)
+            .ok_or(Missed)?;
         self.out.tokens[i] = a.token;
         self.out.retries += a.retries;
+        // A denial's report starts from the denying part's decision (the parts before it are
+        // refunded and report again what they hold).
+        self.note(i, &a.decision, i == 0 || !a.decision.allowed);
         Ok(a.decision.allowed)
     }
 
     #[inline(always)]
     fn refund(&mut self, i: usize, report: bool) {
         let (rule, id) = (&self.words.rules[i], self.words.ids[i]);
-        let (now, cost) = (self.now, self.cost);
+        let Request { hash, now, cost } = self.req;
         if let Some(token) = self.out.tokens[i].take() {
             // A state removed meanwhile holds nothing left to take back.
-            self.store.update_word(self.hash, id, |slot, word| {
+            self.store.update_word(hash, id, |slot, word| {
                 cell::refund_inline(slot, word, cost, rule, token, now)
             });
         }
         if report {
             // Read again: a state removed meanwhile is fresh.
-            let word = self.store.word_or_fresh(self.hash, id);
+            let word = self.store.word_or_fresh(hash, id);
             let step = cell::decide_word(word, now, 0, rule, self.words.headroom, Mode::Check);
-            self.out.parts[i] = step.decision.held();
+            self.note(i, &step.decision.held(), false);
         }
     }
 }
 
-/// Part `i` of `words` decided for `cost` units at `now`, charging nothing: `None` when its
-/// state is not a word in the table.
+/// Part `i` of `words` decided for the request, charging nothing: `None` when its state is
+/// not a word in the table.
 #[inline(always)]
 fn peek_word<K: Hash + Eq + Clone, const N: usize>(
     store: &FlatStore<K>,
     words: &Words<N>,
     i: usize,
-    hash: u64,
-    now: u64,
-    cost: u64,
+    req: Request,
 ) -> Option<Decision> {
-    let Kept::Word(word) = store.kept(hash, words.ids[i]) else {
+    let Kept::Word(word) = store.kept(req.hash, words.ids[i]) else {
         return None;
     };
     let rule = &words.rules[i];
-    Some(cell::decide_word(word, now, cost, rule, words.headroom, Mode::Check).decision)
+    let step = cell::decide_word(word, req.now, req.cost, rule, words.headroom, Mode::Check);
+    Some(step.decision)
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
-    /// The short path: one call of `cost` units on a plan's `N` word states, all or nothing
-    /// (see [`all_or_nothing`]), each state charged with one compare-and-swap in its slot (a
+    /// The short path: one call on a plan's `N` word states, all or nothing (see
+    /// [`all_or_nothing`]), each state charged with one compare-and-swap in its slot (a
     /// denial: one load). `tokens`: whether a refund of the charge may follow (each part then
-    /// reports its token). `None`, with nothing left charged and nothing counted, when the
-    /// short path does not apply: a key that may be under a penalty, a state not in its slot
-    /// (new, or moved away under the call). The general path then decides the same way.
+    /// leaves its token); `parts`: where to write each part's decision, for a caller that
+    /// reports them. `None`, with nothing left charged and nothing counted, when the short path
+    /// does not apply: a key that may be under a penalty, a state not in its slot (new, or moved
+    /// away under the call). The general path then decides the same way.
     #[inline(always)]
     pub(crate) fn charge_words<const N: usize>(
         &self,
         store: &FlatStore<K>,
         words: &Words<N>,
-        hash: u64,
-        now: u64,
-        cost: u64,
+        req: Request,
         tokens: bool,
+        parts: Option<&mut [Decision; N]>,
     ) -> Option<Charged<N>> {
-        if self.penalties.maybe(hash) {
+        if self.penalties.maybe(req.hash) {
             return None;
         }
-        let mut parts = InSlots {
+        let mut slots = InSlots {
             store,
             words,
-            hash,
-            now,
-            cost,
+            req,
             tokens,
+            parts,
             out: Charged {
                 decision: Decision::NEUTRAL,
-                parts: [Decision::NEUTRAL; N],
                 tokens: [None; N],
                 retries: 0,
             },
         };
-        all_or_nothing(&mut parts).ok()?;
-        let mut out = parts.out;
-        out.decision = out.parts[0];
-        for d in &out.parts[1..] {
-            out.decision.merge(d);
+        if all_or_nothing(&mut slots).ok()?.is_some() {
+            // Denied still, for the denying part's reason, whatever the others report.
+            slots.out.decision.allowed = false;
         }
-        Some(out)
+        Some(slots.out)
     }
 
-    /// What the short path would decide for `cost` units on a plan's `N` word states, charging
+    /// What the short path would decide for the request on a plan's `N` word states, charging
     /// nothing (merged as a charge merges them): `None` where it does not apply (a key that may
     /// be under a penalty, a state not in its slot).
     #[inline(always)]
@@ -233,16 +250,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         &self,
         store: &FlatStore<K>,
         words: &Words<N>,
-        hash: u64,
-        now: u64,
-        cost: u64,
+        req: Request,
     ) -> Option<Decision> {
-        if self.penalties.maybe(hash) {
+        if self.penalties.maybe(req.hash) {
             return None;
         }
-        let mut d = peek_word(store, words, 0, hash, now, cost)?;
+        let mut d = peek_word(store, words, 0, req)?;
         for i in 1..N {
-            d.merge(&peek_word(store, words, i, hash, now, cost)?);
+            d.merge(&peek_word(store, words, i, req)?);
         }
         Some(d)
     }

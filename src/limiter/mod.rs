@@ -732,7 +732,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         cost: u64,
     ) -> Option<Decision> {
         let tally = words.counts.tally();
-        let charged = self.charge_words(s, words, hash, now, cost, false)?;
+        let req = engine::Request { hash, now, cost };
+        let charged = self.charge_words(s, words, req, false, None)?;
         let mut d = charged.decision;
         // A denial on the short path is over quota (`Reason::Limited`): a new state's
         // table-full denial and a blocked key's are decided on the general path.

@@ -7,7 +7,7 @@ use std::hash::Hash;
 
 use super::flat::{FlatStore, Found};
 use super::{Fresh, Full, RuleId, rule_hash};
-use crate::cell::Inline;
+use crate::cell::{Applied, Inline, WordCall};
 
 /// How the store keeps a (key, rule) state, as one read found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,21 +63,21 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         }
     }
 
-    /// Runs `step` once on the word state of (`key_hash`, `rule`), as
-    /// [`apply_word`](Self::apply_word) but without looking again: `None` when the state is
-    /// not a word in the table or stopped being the key's under the step. For the short path,
-    /// which leaves every such case to the general one.
+    /// Charges the word state of (`key_hash`, `rule`) once with `call` (checked, inline, with
+    /// or without a refund token), as [`apply_word`](Self::apply_word) but without looking
+    /// again: `None` when the state is not a word in the table or stopped being the key's under
+    /// the call. For the short path, which leaves every such case to the general one.
     #[inline(always)]
-    pub(crate) fn apply_word_once<R>(
+    pub(crate) fn charge_once(
         &self,
         key_hash: u64,
         rule: RuleId,
-        step: impl FnOnce(&Inline<'_>, u64) -> Option<R>,
-    ) -> Option<R> {
+        call: &WordCall<'_>,
+    ) -> Option<Applied> {
         let Found::Inline { slot, tag, word } = self.find(rule_hash(key_hash, rule)) else {
             return None;
         };
-        step(&Inline { slot, tag }, word)
+        call.apply(&Inline { slot, tag }, word)
     }
 
     /// Runs `step` on the word state of (`key_hash`, `rule`) until it sticks, following the
