@@ -343,8 +343,9 @@ pub(crate) fn apply_inline_from(
 }
 
 /// Takes back from an inline slot a charge that [`apply_inline_part`] admitted (`token`),
-/// starting from `word`, read with the slot's tag. `None` when the slot is no longer the key's
-/// (it was reset or removed: then there is nothing left to take back).
+/// starting from `word`, read with the slot's tag: the state the slot holds after it. `None`
+/// when the slot is no longer the key's (it was reset or removed: then there is nothing left to
+/// take back).
 #[inline]
 pub(crate) fn refund_inline(
     slot: &impl Word,
@@ -353,8 +354,9 @@ pub(crate) fn refund_inline(
     rule: &Rule,
     token: u64,
     now: u64,
-) -> Option<()> {
-    update_word_from(slot, word, |s| refund_step(s, cost, rule, token, now)).map(drop)
+) -> Option<u64> {
+    let step = |s| refund_step(s, cost, rule, token, now).next;
+    swap_loop(slot, word, step).map(|(decided_on, written, _)| written.unwrap_or(decided_on))
 }
 
 /// Replaces an inline slot's word by `next(word)` until a swap sticks, from `word` read with

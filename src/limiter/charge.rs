@@ -466,7 +466,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                     cell::refund_inline(slot, word, cost, rule, token, now)
                 });
                 #[cfg(feature = "redis")]
-                if refunded {
+                if refunded.is_some() {
                     self.refund_synced(call, id, rule);
                 }
                 #[cfg(not(feature = "redis"))]

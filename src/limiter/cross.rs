@@ -91,8 +91,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
 
     fn undo_part(&self, undo: Option<Undo>, elsewhere: bool, time: &mut Time) -> Option<Decision> {
         let l = self.limiter;
+        let now = self.now(time);
         if let Some(undo) = undo {
-            l.take_back(self.key, undo, self.now(time));
+            // On the short path the refunds themselves report what the part holds.
+            if elsewhere {
+                if let Some(held) = self.refund_short(undo, now) {
+                    return Some(held);
+                }
+            }
+            l.take_back(self.key, undo, now);
         }
         l.recount(self.plan, Some(Count::Allowed), elsewhere);
         if !elsewhere {
@@ -197,6 +204,35 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         true
     }
 
+    /// [`Part::undo_part`] of a charge the short path made, where it still applies (the plan's
+    /// rules and the key's state as they were, no penalty): the admission counted as denied
+    /// elsewhere, the charge taken back, and what the part holds afterwards. `None`, having
+    /// changed nothing, where the general path must.
+    #[inline(always)]
+    fn refund_short(&self, undo: Undo, now: u64) -> Option<Decision> {
+        let l = self.limiter;
+        let Map::Flat(s) = &l.store else {
+            return None;
+        };
+        let plan = l.book.current().get(self.plan).ok()?;
+        if l.resets() != undo.resets || l.penalties.maybe(undo.hash) {
+            return None;
+        }
+        let req = Request {
+            hash: undo.hash,
+            now,
+            cost: undo.cost,
+        };
+        let held = match &plan.short {
+            Short::One(words) => l.refund_words(s, words, req, tokens_of(words, &undo)?),
+            Short::Two(words) => l.refund_words(s, words, req, tokens_of(words, &undo)?),
+            Short::None => return None,
+        };
+        plan.counts.uncount(Count::Allowed);
+        plan.counts.count(Count::DeniedElsewhere, 0);
+        Some(held)
+    }
+
     /// [`decide`](Self::decide) on the general path (out of line: the short path stays small).
     #[inline(never)]
     fn general(
@@ -234,6 +270,21 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
             *undo = Undo::of(d, req.hash, req.cost, resets, out.tokens);
         }
     }
+}
+
+/// The refund tokens of `undo` as the short path of `words` left them, part by part; `None`
+/// when the plan's rules changed since (the general path then takes the charge back).
+#[inline(always)]
+fn tokens_of<const N: usize>(words: &Words<N>, undo: &Undo) -> Option<[Option<u64>; N]> {
+    let mut tokens = [None; N];
+    for (i, t) in undo.tokens.iter().enumerate() {
+        match t {
+            Some((id, token)) if i < N && *id == words.ids[i] => tokens[i] = Some(*token),
+            Some(_) => return None,
+            None => {}
+        }
+    }
+    Some(tokens)
 }
 
 /// Checks `cost` units against every part (per-user AND global, across limiters and key types),

@@ -171,15 +171,16 @@ impl<K: Hash + Eq + Clone, const N: usize> Limits for InSlots<'_, K, N> {
     fn refund(&mut self, i: usize, report: bool) {
         let (rule, id) = (&self.words.rules[i], self.words.ids[i]);
         let Request { hash, now, cost } = self.req;
-        if let Some(token) = self.out.tokens[i].take() {
-            // A state removed meanwhile holds nothing left to take back.
+        // The state after the refund, as the refund left it (`None`: nothing to take back,
+        // or the state is gone: a state removed meanwhile holds nothing left to take back).
+        let after = self.out.tokens[i].take().and_then(|token| {
             self.store.update_word(hash, id, |slot, word| {
                 cell::refund_inline(slot, word, cost, rule, token, now)
-            });
-        }
+            })
+        });
         if report {
-            // Read again: a state removed meanwhile is fresh.
-            let word = self.store.word_or_fresh(hash, id);
+            // Else read again: a state removed meanwhile is fresh.
+            let word = after.unwrap_or_else(|| self.store.word_or_fresh(hash, id));
             let step = cell::decide_word(word, now, 0, rule, self.words.headroom, Mode::Check);
             self.note(i, &step.decision.held(), false);
         }
@@ -240,6 +241,36 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             slots.out.decision.allowed = false;
         }
         Some(slots.out)
+    }
+
+    /// Takes back a charge the short path made on a plan's `N` word states (`tokens`, as
+    /// [`Charged::tokens`] gave them) and reports what the parts hold afterwards, merged (each
+    /// read from its refund where it had one). The caller has made sure the key is under no
+    /// penalty and no reset came between the charge and now.
+    #[inline(always)]
+    pub(crate) fn refund_words<const N: usize>(
+        &self,
+        store: &FlatStore<K>,
+        words: &Words<N>,
+        req: Request,
+        tokens: [Option<u64>; N],
+    ) -> Decision {
+        let mut slots = InSlots {
+            store,
+            words,
+            req,
+            tokens: true,
+            parts: None,
+            out: Charged {
+                decision: Decision::NEUTRAL,
+                tokens,
+                retries: 0,
+            },
+        };
+        for i in 0..N {
+            slots.refund(i, true);
+        }
+        slots.out.decision
     }
 
     /// What the short path would decide for the request on a plan's `N` word states, charging

@@ -83,26 +83,27 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// Runs `step` on the word state of (`key_hash`, `rule`) until it sticks, following the
     /// state into the slot it moved to (its shard grew); a state removed meanwhile (a reset,
     /// a sweep) is left alone. For what must land on the state it was meant for or nowhere: a
-    /// refund, a synced round's global state. True when `step` stuck.
-    pub(crate) fn update_word(
+    /// refund, a synced round's global state. What `step` answered when it stuck; `None` when
+    /// the state is gone.
+    pub(crate) fn update_word<R>(
         &self,
         key_hash: u64,
         rule: RuleId,
-        mut step: impl FnMut(&Inline<'_>, u64) -> Option<()>,
-    ) -> bool {
+        mut step: impl FnMut(&Inline<'_>, u64) -> Option<R>,
+    ) -> Option<R> {
         let hash = rule_hash(key_hash, rule);
         let mut last = std::ptr::null();
         while let Found::Inline { slot, tag, word } = self.find(hash) {
             if std::ptr::eq(slot, last) {
                 // The same slot, no longer the key's: the state was removed.
-                return false;
+                return None;
             }
             last = slot;
-            if step(&Inline { slot, tag }, word).is_some() {
-                return true;
+            if let Some(r) = step(&Inline { slot, tag }, word) {
+                return Some(r);
             }
         }
-        false
+        None
     }
 
     /// Inserts (`key_hash`, `rule`) as a word state holding `first` (a fresh state after its
