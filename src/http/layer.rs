@@ -24,7 +24,7 @@ use crate::http::keys::{
 use crate::http::metrics::{Exposition, HttpCounters};
 use crate::http::{format, grpc};
 use crate::ip::client_ip_key;
-use crate::limiter::{Detailed, Limiter};
+use crate::limiter::{Detailed, Limiter, Limits, all_or_nothing};
 use crate::plan::PlanId;
 use crate::quota::Quota;
 use crate::stats::Count;
@@ -1120,27 +1120,18 @@ impl<C: Clock> RateLimitLayer<C> {
         self.write_headers(resp.headers_mut(), &passed.checks);
     }
 
-    /// Charges every limit that applies, all or nothing.
+    /// Charges every limit that applies (the client's plan, then each matching rule), all or
+    /// nothing, through the engine's routine (see [`all_or_nothing`]).
     fn decide(
         &self,
         parts: &http::request::Parts,
-        mut client: ClientKey,
+        client: ClientKey,
         plan: PlanId,
         cost: u64,
     ) -> Verdict {
         let core = &self.shared.core;
         let method = parts.method.as_str();
         let path = parts.uri.path();
-        let mut checks = Checks::new();
-        let own_key = HttpKey {
-            rule: None,
-            // The only limit (no rules): the key moves in; a denial gets it back from there.
-            client: if core.rules.is_empty() {
-                std::mem::replace(&mut client, ClientKey::Unidentified)
-            } else {
-                client.clone()
-            },
-        };
         let rules = core.rules.iter().enumerate().filter_map(|(i, r)| {
             if !r.rule.matches(method, path) {
                 return None;
@@ -1156,45 +1147,30 @@ impl<C: Clock> RateLimitLayer<C> {
             let rule_plan = r.tiers.get(&plan).copied().unwrap_or(r.plan);
             Some((key, rule_plan))
         });
-        let mut denied = None;
-        for (key, plan) in std::iter::once((own_key, plan)).chain(rules) {
-            // After a denial the remaining limits are only peeked, so the headers still list
-            // every policy that applies (as the engine does for the parts of a compound plan).
-            let mode = if denied.is_some() {
-                Mode::Peek
-            } else {
-                Mode::Check
-            };
-            match core.limiter.charge_detailed(&key, plan, cost, mode) {
-                Ok(d) => {
-                    let denies = denied.is_none() && !d.decision.is_allowed();
-                    checks.push(Check {
-                        key,
-                        plan,
-                        detailed: d,
-                    });
-                    if denies {
-                        denied = Some(checks.len() - 1);
-                    }
-                }
-                Err(e) => {
-                    // The admissions before the failure are counted nowhere, as the call.
-                    let admitted = denied.unwrap_or(checks.len());
-                    recount(&core.limiter, &checks[..admitted], &[], false);
-                    undo_all(&core.limiter, &mut checks);
-                    return Verdict::Error(e);
-                }
-            }
+        let own = HttpKey {
+            rule: None,
+            client: client.clone(),
+        };
+        let mut limits = RequestLimits {
+            limiter: &core.limiter,
+            cost,
+            todo: std::iter::once((own, plan))
+                .chain(rules)
+                .map(Some)
+                .collect(),
+            checks: Checks::new(),
+        };
+        match all_or_nothing(&mut limits) {
+            Ok(None) => Verdict::Pass {
+                checks: limits.checks,
+            },
+            Ok(Some(at)) => Verdict::Deny {
+                checks: limits.checks,
+                at,
+                client,
+            },
+            Err(e) => Verdict::Error(e),
         }
-        if let Some(at) = denied {
-            recount(&core.limiter, &checks[..at], &checks[at + 1..], true);
-            refund_all(&core.limiter, &mut checks[..at], cost);
-            if core.rules.is_empty() {
-                client = checks[0].key.client.clone();
-            }
-            return Verdict::Deny { checks, at, client };
-        }
-        Verdict::Pass { checks }
     }
 
     /// The policy a check is described by: its plan's, or its rule's under that plan. `None`
@@ -1517,21 +1493,54 @@ struct Passed {
     delay: u64,
 }
 
-/// Counts a request that one of its checks denied (`elsewhere`) under the plans of the others
-/// (see [`PlanStats`](crate::PlanStats)): `admitted`, charged before the denial, in place of
-/// what each counted; `peeked`, after it, on their own. With `elsewhere` false the admissions
-/// are only taken back (the request failed). On the thread that charged them.
-fn recount<C: Clock>(
-    limiter: &Limiter<HttpKey, C>,
-    admitted: &[Check],
-    peeked: &[Check],
-    elsewhere: bool,
-) {
-    for c in admitted {
-        limiter.recount(c.plan, Some(Count::of(&c.detailed.decision)), elsewhere);
+/// The limits of one request (its plan, then each matching rule) as the engine's
+/// all-or-nothing routine drives them: each decided with [`Limiter::charge_detailed`] (so each
+/// reports its parts for the headers), in order, its check kept at its index.
+struct RequestLimits<'a, C: Clock> {
+    limiter: &'a Limiter<HttpKey, C>,
+    cost: u64,
+    /// Each limit's key and plan, taken when it is decided.
+    todo: Vec<Option<(HttpKey, PlanId)>>,
+    checks: Checks,
+}
+
+impl<C: Clock> Limits for RequestLimits<'_, C> {
+    type Error = Error;
+
+    fn len(&self) -> usize {
+        self.todo.len()
     }
-    for c in peeked {
-        limiter.recount(c.plan, None, elsewhere);
+
+    fn charge(&mut self, i: usize, peek: bool) -> Result<bool, Error> {
+        let (key, plan) = self.todo[i].take().expect("each limit is decided once");
+        let mode = if peek { Mode::Peek } else { Mode::Check };
+        let detailed = self.limiter.charge_detailed(&key, plan, self.cost, mode)?;
+        if peek {
+            // Never charged: its plan counts the request as denied elsewhere.
+            self.limiter.recount(plan, None, true);
+        }
+        let allowed = detailed.decision.is_allowed();
+        self.checks.push(Check {
+            key,
+            plan,
+            detailed,
+        });
+        Ok(allowed)
+    }
+
+    fn refund(&mut self, i: usize, report: bool) {
+        let c = &mut self.checks[i];
+        // The admission is counted as denied elsewhere (`report`), or nowhere (a failure).
+        let counted = Count::of(&c.detailed.decision);
+        self.limiter.recount(c.plan, Some(counted), report);
+        if let Some(undo) = c.detailed.undo.take() {
+            self.limiter
+                .take_back(&c.key, undo, self.limiter.clock().now());
+        }
+        if report {
+            self.limiter
+                .refunded_detailed(&c.key, c.plan, self.cost, &mut c.detailed);
+        }
     }
 }
 

@@ -36,9 +36,9 @@ pub(crate) trait Limits {
 }
 
 /// Charges `limits` in order, all or nothing: `Ok(None)` when every limit admitted (every one
-/// stays charged); `Ok(Some(i))` when limit `i` denied first (the limits before it are
-/// refunded, those after it peeked: nothing stays charged); `Err` when a limit could not be
-/// decided (everything charged is refunded).
+/// stays charged); `Ok(Some(i))` when limit `i` denied first (those after it are peeked, then
+/// those before it refunded: nothing stays charged); `Err` when a limit could not be decided
+/// (everything charged is refunded, as a failed call's).
 #[inline(always)]
 pub(crate) fn all_or_nothing<L: Limits + ?Sized>(
     limits: &mut L,
@@ -48,11 +48,18 @@ pub(crate) fn all_or_nothing<L: Limits + ?Sized>(
         match limits.charge(i, false) {
             Ok(true) => {}
             Ok(false) => {
+                // The limits after it first, so a failure among them still finds the limits
+                // before it charged, to refund as a failed call's.
+                for j in i + 1..n {
+                    if let Err(e) = limits.charge(j, true) {
+                        for k in (0..i).rev() {
+                            limits.refund(k, false);
+                        }
+                        return Err(e);
+                    }
+                }
                 for j in 0..i {
                     limits.refund(j, true);
-                }
-                for j in i + 1..n {
-                    limits.charge(j, true)?;
                 }
                 return Ok(Some(i));
             }

@@ -23,6 +23,8 @@ pub use crate::plan::{MAX_PARTS, Plan, PlanId, Strategy};
 pub use cross::{Bound, Part, check_all};
 #[cfg(feature = "http")]
 pub(crate) use detailed::Detailed;
+#[cfg(feature = "http")]
+pub(crate) use engine::{Limits, all_or_nothing};
 
 use crate::cell::Mode;
 use crate::clock::{Clock, MonotonicClock, nanos};
