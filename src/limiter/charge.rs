@@ -9,8 +9,8 @@
 
 use std::hash::Hash;
 
-use super::book::{Book, Compiled, PartRule, Short};
-use super::engine::{Limits, Request, all_or_nothing};
+use super::book::{Book, Compiled, PartRule};
+use super::engine::{Limits, all_or_nothing};
 use super::{Limiter, Map};
 use crate::algo::Kind;
 use crate::cell::{self, Applied, Cell, Mode};
@@ -195,61 +195,6 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         }
         out.decision = merged.unwrap_or(out.decision);
         Ok(())
-    }
-
-    /// `plan`'s charge on the short path with every part's decision and refund token (for a
-    /// charge that may be taken back and reported part by part), where the short path applies (see
-    /// [`charge_words`](Self::charge_words)); `None`, having changed nothing, where it does not.
-    #[inline(always)]
-    pub(crate) fn charge_short_outcome(
-        &self,
-        plan: &Compiled,
-        hash: u64,
-        now: u64,
-        cost: u64,
-    ) -> Option<Outcome> {
-        let Map::Flat(s) = &self.store else {
-            return None;
-        };
-        let req = Request { hash, now, cost };
-        let mut out = Outcome::new(Decision::NEUTRAL);
-        match &plan.short {
-            Short::One(words) => {
-                let mut parts = [Decision::NEUTRAL; 1];
-                let c = self.charge_words(s, words, req, true, Some(&mut parts))?;
-                (out.decision, out.tokens, out.retries) =
-                    (c.decision, c.undo_tokens(words), c.retries);
-                out.parts[0] = Some(parts[0]);
-            }
-            Short::Two(words) => {
-                let mut parts = [Decision::NEUTRAL; 2];
-                let c = self.charge_words(s, words, req, true, Some(&mut parts))?;
-                (out.decision, out.tokens, out.retries) =
-                    (c.decision, c.undo_tokens(words), c.retries);
-                out.parts[..2].copy_from_slice(&parts.map(Some));
-            }
-            Short::None => return None,
-        }
-        Some(out)
-    }
-
-    /// [`peek_words`](Self::peek_words) for `plan`, where the short path applies.
-    #[inline(always)]
-    pub(crate) fn peek_short(
-        &self,
-        plan: &Compiled,
-        hash: u64,
-        now: u64,
-        cost: u64,
-    ) -> Option<Decision> {
-        let Map::Flat(s) = &self.store else {
-            return None;
-        };
-        match &plan.short {
-            Short::One(words) => self.peek_words(s, words, Request { hash, now, cost }),
-            Short::Two(words) => self.peek_words(s, words, Request { hash, now, cost }),
-            Short::None => None,
-        }
     }
 
     /// Every part of `plan` denied by a penalty, when `key` is under one at `now`.

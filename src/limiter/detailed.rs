@@ -3,9 +3,10 @@
 
 use std::hash::Hash;
 
-use super::Limiter;
-use super::book::Short;
+use super::book::{Compiled, Short};
 use super::charge::{Call, Outcome, Undo};
+use super::engine::Request;
+use super::{Limiter, Map};
 use crate::cell::Mode;
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
@@ -77,6 +78,61 @@ impl Detailed {
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
+    /// `plan`'s charge on the short path with every part's decision and refund token (for a
+    /// charge that may be taken back and reported part by part), where the short path applies (see
+    /// [`charge_words`](Self::charge_words)); `None`, having changed nothing, where it does not.
+    #[inline(always)]
+    pub(crate) fn charge_short_outcome(
+        &self,
+        plan: &Compiled,
+        hash: u64,
+        now: u64,
+        cost: u64,
+    ) -> Option<Outcome> {
+        let Map::Flat(s) = &self.store else {
+            return None;
+        };
+        let req = Request { hash, now, cost };
+        let mut out = Outcome::new(Decision::NEUTRAL);
+        match &plan.short {
+            Short::One(words) => {
+                let mut parts = [Decision::NEUTRAL; 1];
+                let c = self.charge_words(s, words, req, true, Some(&mut parts))?;
+                (out.decision, out.tokens, out.retries) =
+                    (c.decision, c.undo_tokens(words), c.retries);
+                out.parts[0] = Some(parts[0]);
+            }
+            Short::Two(words) => {
+                let mut parts = [Decision::NEUTRAL; 2];
+                let c = self.charge_words(s, words, req, true, Some(&mut parts))?;
+                (out.decision, out.tokens, out.retries) =
+                    (c.decision, c.undo_tokens(words), c.retries);
+                out.parts[..2].copy_from_slice(&parts.map(Some));
+            }
+            Short::None => return None,
+        }
+        Some(out)
+    }
+
+    /// [`peek_words`](Self::peek_words) for `plan`, where the short path applies.
+    #[inline(always)]
+    pub(crate) fn peek_short(
+        &self,
+        plan: &Compiled,
+        hash: u64,
+        now: u64,
+        cost: u64,
+    ) -> Option<Decision> {
+        let Map::Flat(s) = &self.store else {
+            return None;
+        };
+        match &plan.short {
+            Short::One(words) => self.peek_words(s, words, Request { hash, now, cost }),
+            Short::Two(words) => self.peek_words(s, words, Request { hash, now, cost }),
+            Short::None => None,
+        }
+    }
+
     /// After the charge `detailed` of `key` under `plan` was refunded: each part's decision
     /// reports what the key holds now ([`Decision::held`]: `remaining` and `reset_after`
     /// without the charge), and the merged one too.
