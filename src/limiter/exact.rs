@@ -277,4 +277,27 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
         }
         Ok(d)
     }
+
+    /// A synchronous call's answer on an exact-mode limiter (`None` in process or synced: the
+    /// engine decides). A penalty is this process's: it denies before anything else; otherwise
+    /// the failure policy answers, as the plan's script would while Redis is out of reach
+    /// (Redis decides exact mode, and a synchronous call cannot wait for it).
+    pub(crate) fn remote_answer(
+        &self,
+        key: &K,
+        plan: PlanId,
+        req: super::engine::Request,
+        mode: Mode,
+    ) -> Option<Result<Decision, Error>> {
+        let x = self.exact.as_ref()?;
+        let book = self.book.current();
+        let compiled = match book.get(plan) {
+            Ok(compiled) => compiled,
+            Err(e) => return Some(Err(e)),
+        };
+        if let Some(out) = self.blocked(key, req.hash, compiled, req.now) {
+            return Some(Ok(out.decision));
+        }
+        Some(x.sync_answer(key, plan, req.cost, mode))
+    }
 }

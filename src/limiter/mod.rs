@@ -51,6 +51,7 @@ use crate::store::{DashStore, FlatStore, Full, OnFull, Store, StoreKind};
 use crate::sync::AtomicUsize;
 use book::{Book, Books, Compiled, Short, Words};
 use charge::Call;
+use engine::Request;
 use penalty::Penalties;
 
 /// A keyed rate limiter: any `K: Hash + Eq` (u64, `IpAddr`, `String`, tuples for composite keys).
@@ -220,7 +221,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     #[inline(never)]
     fn check_general(&self, key: &K, hash: u64, now: u64) -> Decision {
         // The short path was tried by `check`: do not probe again.
-        self.decide_at(key, hash, PlanId::DEFAULT, 1, Mode::Check, now, false)
+        let req = Request { hash, now, cost: 1 };
+        self.decide_at(key, PlanId::DEFAULT, req, Mode::Check, false)
             .unwrap_or_else(|_| Decision::denied(Reason::Limited, 0))
     }
 
@@ -248,7 +250,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         cost: u64,
     ) -> Option<Decision> {
         let tally = words.counts.tally();
-        let req = engine::Request { hash, now, cost };
+        let req = Request { hash, now, cost };
         let charged = self.charge_words(s, words, req, false, None)?;
         let mut d = charged.decision;
         // A denial on the short path is over quota (`Reason::Limited`): a new state's
@@ -596,23 +598,26 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     #[inline(always)]
     fn decide(&self, key: &K, plan: PlanId, cost: u64, mode: Mode) -> Result<Decision, Error> {
         let now = clamp_now(self.clock.now());
-        self.decide_at(key, self.key_hash(key), plan, cost, mode, now, true)
+        let req = Request {
+            hash: self.key_hash(key),
+            now,
+            cost,
+        };
+        self.decide_at(key, plan, req, mode, true)
     }
 
-    /// [`decide`](Self::decide) at `now`, for `key` hashed to `hash`; `short`: whether to try
-    /// the short path first (a caller that just tried it passes false).
+    /// [`decide`](Self::decide) of the request `req` (the key's hash, the time, the cost);
+    /// `short`: whether to try the short path first (a caller that just tried it passes false).
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     fn decide_at(
         &self,
         key: &K,
-        hash: u64,
         plan_id: PlanId,
-        cost: u64,
+        req: Request,
         mode: Mode,
-        now: u64,
         short: bool,
     ) -> Result<Decision, Error> {
+        let Request { hash, now, cost } = req;
         let book = self.book.current();
         let plan = book.get(plan_id)?;
         plan.check_cost(cost)?;
@@ -629,17 +634,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 return Ok(d);
             }
         }
-        #[cfg(feature = "redis")]
-        if let Some(x) = &self.exact {
-            // A penalty is this process's: it denies before anything else.
-            if let Some(out) = self.blocked(key, hash, plan, now) {
-                let mut d = out.decision;
-                self.settle(plan, &mut d, 0, mode);
-                return Ok(d);
-            }
-            // Exact mode decides on Redis, which a synchronous call cannot wait for: the
-            // failure policy answers, as the plan's script would while Redis is out of reach.
-            let mut d = x.sync_answer(key, plan_id, cost, mode)?;
+        if let Some(answer) = self.remote_answer(key, plan_id, req, mode) {
+            let mut d = answer?;
             self.settle(plan, &mut d, 0, mode);
             return Ok(d);
         }

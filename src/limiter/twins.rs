@@ -1,4 +1,5 @@
-//! The async twins without the `redis` feature.
+//! A limiter without the `redis` feature: every call is decided in process, and the async
+//! twins answer at once.
 
 use std::hash::Hash;
 use std::time::Duration;
@@ -56,5 +57,17 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         max_delay: Duration,
     ) -> Result<Decision, Error> {
         self.reserve_in(key, plan, cost, max_delay)
+    }
+
+    /// In process, the engine decides every call: no remote answer (see exact mode's).
+    #[inline(always)]
+    pub(crate) fn remote_answer(
+        &self,
+        _key: &K,
+        _plan: PlanId,
+        _req: super::engine::Request,
+        _mode: crate::cell::Mode,
+    ) -> Option<Result<Decision, Error>> {
+        None
     }
 }
