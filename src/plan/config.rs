@@ -356,6 +356,16 @@ impl Ctx<'_> {
                 format!("at most {MAX_PARTS} limits per plan"),
             );
         }
+        let mut plan = Plan::new(quotas).strategy(self.strategy(&path, &raw)?);
+        if let Some(h) = &raw.headroom {
+            let units = self.headroom(&path, h, &plan)?;
+            plan = plan.headroom(units);
+        }
+        Ok(plan)
+    }
+
+    /// A plan's `strategy` (and `max_delay`, which only a queue has).
+    fn strategy(&self, path: &str, raw: &RawPlan) -> Result<Strategy, Error> {
         if let (Some(d), false) = (
             &raw.max_delay,
             raw.strategy
@@ -368,7 +378,7 @@ impl Ctx<'_> {
                 "only with strategy = \"queue\" (it would do nothing)",
             );
         }
-        let strategy = match &raw.strategy {
+        Ok(match &raw.strategy {
             None => Strategy::Hard,
             Some(s) => match s.get_ref().as_str() {
                 "hard" => Strategy::Hard,
@@ -393,27 +403,27 @@ impl Ctx<'_> {
                     );
                 }
             },
+        })
+    }
+
+    /// A plan's `headroom`: units below the smallest capacity of its quotas.
+    fn headroom(&self, path: &str, h: &Spanned<i64>, plan: &Plan) -> Result<u64, Error> {
+        let Ok(units) = u64::try_from(*h.get_ref()) else {
+            return self.err(
+                h.span().start,
+                &format!("{path}.headroom"),
+                "must not be negative",
+            );
         };
-        let mut plan = Plan::new(quotas).strategy(strategy);
-        if let Some(h) = &raw.headroom {
-            let Ok(units) = u64::try_from(*h.get_ref()) else {
-                return self.err(
-                    h.span().start,
-                    &format!("{path}.headroom"),
-                    "must not be negative",
-                );
-            };
-            let capacity = plan.quotas().iter().map(Quota::capacity).min().unwrap_or(0);
-            if units >= capacity {
-                return self.err(
-                    h.span().start,
-                    &format!("{path}.headroom"),
-                    format!("{units} leaves nothing of capacity {capacity}"),
-                );
-            }
-            plan = plan.headroom(units);
+        let capacity = plan.quotas().iter().map(Quota::capacity).min().unwrap_or(0);
+        if units >= capacity {
+            return self.err(
+                h.span().start,
+                &format!("{path}.headroom"),
+                format!("{units} leaves nothing of capacity {capacity}"),
+            );
         }
-        Ok(plan)
+        Ok(units)
     }
 }
 
