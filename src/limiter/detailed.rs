@@ -191,6 +191,21 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let now = super::clamp_now(self.clock.now());
         let hash = self.key_hash(key);
         let resets = self.resets();
+        if let (Mode::Check, Map::Flat(s), Short::One(words)) = (mode, &self.store, &plan.short) {
+            // The common charge (one part, its state in its slot): no outcome to fill, the
+            // part's decision is the merged one.
+            let req = Request { hash, now, cost };
+            if let Some(c) = self.charge_words(s, words, req, true, None) {
+                let mut d = c.decision;
+                self.settle(plan, &mut d, c.retries, mode);
+                return Ok(Detailed {
+                    decision: d,
+                    more: None,
+                    undo: Undo::of(&d, hash, cost, resets, c.undo_tokens(words)),
+                    now,
+                });
+            }
+        }
         let short = match (mode, &plan.short) {
             (Mode::Check, _) => self.charge_short_outcome(plan, hash, now, cost),
             // A one-part plan's peek: its decision is the part's.
