@@ -121,6 +121,18 @@ fn three_engines_on_one_key_stay_within_the_bound() {
     }
 }
 
+/// Waits up to 5 s for `f`, checking another key on `e` meanwhile (a round reaches Redis, and
+/// learns that it is down, only when it has a touched key to push); how long it waited.
+fn wait_checking(e: &SyncedLimiter, what: &str, f: &dyn Fn() -> bool) -> Duration {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(5), "{what}");
+        let _ = e.check("other");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    t.elapsed()
+}
+
 #[test]
 fn synced_mode_degrades_by_policy_and_recovers() {
     let mut server = RedisServer::start();
@@ -141,15 +153,7 @@ fn synced_mode_degrades_by_policy_and_recovers() {
             .build()
             .unwrap()
     };
-    let wait = |what: &str, f: &dyn Fn() -> bool| {
-        let t = Instant::now();
-        while !f() {
-            assert!(t.elapsed() < Duration::from_secs(5), "{what}");
-            let _ = e.check("other");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        t.elapsed()
-    };
+    let wait = |what: &str, f: &dyn Fn() -> bool| wait_checking(&e, what, f);
     wait("first round", &|| e.stats().rounds > 0);
     server.kill();
     // The next failed round opens the breaker: checks are then denied (fail closed), counted.
@@ -165,6 +169,38 @@ fn synced_mode_degrades_by_policy_and_recovers() {
         e.stats()
     );
     assert!(e.stats().failed_rounds >= 1);
+}
+
+/// With `LocalShare`, while the breaker is open the local cells go on deciding alone (the whole
+/// quota: `nodes` is not used in synced mode), and every such decision counts as degraded.
+#[test]
+fn synced_local_share_decides_locally_and_counts_it() {
+    let mut server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let e = {
+        let _g = rt.enter();
+        SyncedLimiter::builder(&server.url())
+            .prefix("synclocal:")
+            .quota(Quota::per_minute(5).burst(5))
+            .interval(Duration::from_millis(20))
+            .deadline(Duration::from_millis(20))
+            .on_failure(FailurePolicy::LocalShare { nodes: 2 })
+            .breaker(1, Duration::from_millis(50), Duration::from_millis(200))
+            .build()
+            .unwrap()
+    };
+    let wait = |what: &str, f: &dyn Fn() -> bool| wait_checking(&e, what, f);
+    wait("first round", &|| e.stats().rounds > 0);
+    server.kill();
+    wait("breaker open", &|| e.stats().degraded > 0);
+    let degraded = e.stats().degraded;
+    let admitted = (0..8).filter(|_| e.check("k").is_allowed()).count();
+    assert_eq!(admitted, 5, "the local cell decides with the whole quota");
+    assert_eq!(e.stats().degraded, degraded + 8);
 }
 
 /// Three engines hammer one key of a window algorithm (`limit` per 1 s window) for about four

@@ -20,14 +20,12 @@ use super::{Limiter, Map};
 use crate::algo::{Kind, Rule};
 use crate::cell::{self, Applied, Mode};
 use crate::clock::Clock;
-use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::redis::link::{Breaker, Gate, Link};
-use crate::redis::round::{Global, Push, Reconciler};
-use crate::redis::track::{self, Tracker};
-use crate::redis::{FailurePolicy, RedisConfig, SyncedStats};
+use crate::redis::link::{Breaker, Link};
+use crate::redis::round::{self, Global, Reconciler, Tracked};
+use crate::redis::track::{self, Tracker, Units};
+use crate::redis::{Fallback, RedisConfig, SyncedStats};
 use crate::store::{FlatStore, Full, RuleId};
-use crate::sync::Ordering;
 
 /// A tracked (key, rule): the key (to name it in Redis, and to tell a hash collision) and its
 /// bookkeeping.
@@ -44,7 +42,6 @@ pub(crate) struct Synced<K> {
     name: fn(&K) -> String,
     sync: Reconciler,
     prefix: String,
-    policy: FailurePolicy,
     /// Held by a round for its whole length and by [`forget`](Self::forget): units a round has
     /// taken are pushed before a forget deletes the key, never after.
     rounds: tokio::sync::Mutex<()>,
@@ -57,9 +54,13 @@ impl<K: Hash + Eq + Clone> Synced<K> {
         Ok(Synced {
             tracks: DashMap::with_hasher(ahash::RandomState::new()),
             name,
-            sync: Reconciler::new(Link::new(target), Breaker::new(cfg.breaker), cfg.deadline),
+            sync: Reconciler::new(
+                Link::new(target),
+                Breaker::new(cfg.breaker),
+                cfg.deadline,
+                cfg.policy,
+            ),
             prefix: cfg.prefix,
-            policy: cfg.policy,
             rounds: tokio::sync::Mutex::new(()),
         })
     }
@@ -117,10 +118,9 @@ impl<K: Hash + Eq + Clone> Synced<K> {
             if rule.kind == Kind::Gcra {
                 names.push(name);
             } else {
-                // As a round names them (see `Reconciler::command`): the Unix window ids of the
-                // previous, current and next local windows (a clock a little ahead).
-                let offset = unix_epoch_ns / rule.period;
-                let w = track::window(rule, now) + offset;
+                // As a round names them: the Unix window ids of the previous, current and next
+                // local windows (a clock a little ahead).
+                let w = round::unix_window(rule, track::window(rule, now), unix_epoch_ns);
                 for unix in [w.saturating_sub(1), w, w + 1] {
                     names.push(format!("{name}:{unix}"));
                 }
@@ -129,29 +129,6 @@ impl<K: Hash + Eq + Clone> Synced<K> {
         crate::redis::link::delete(&self.sync.link, self.sync.deadline, &names)
             .await
             .map(|n| n > 0)
-    }
-
-    /// The policy's decision while the breaker is open; `None` when the local table decides
-    /// (a closed breaker, or [`FailurePolicy::LocalShare`]).
-    fn degraded(&self, rule: &Rule, now: u64) -> Option<Decision> {
-        if !self.sync.breaker.is_open() {
-            return None;
-        }
-        let d = match self.policy {
-            FailurePolicy::Open => crate::redis::open_decision(rule.capacity),
-            FailurePolicy::Closed => {
-                let wait = self.sync.breaker.wait_ns(now);
-                Decision {
-                    limit: rule.capacity,
-                    reset_after_ns: wait,
-                    ..Decision::denied(Reason::Limited, wait)
-                }
-            }
-            FailurePolicy::LocalShare { .. } => return None,
-        };
-        // Relaxed: a statistic.
-        self.sync.stats.degraded.fetch_add(1, Ordering::Relaxed);
-        Some(d)
     }
 
     /// The Redis key of (`key`, `rule`): the key escaped into a hash tag, the rule by its quota
@@ -234,7 +211,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             .synced
             .as_ref()
             .expect("apply_synced on a synced limiter");
-        if let Some(decision) = sh.degraded(&part.rule, call.now) {
+        // While Redis is out of reach: the policy's answer. Unlike `SyncedLimiter`, a local
+        // share's decision (the local table goes on deciding) is not counted as degraded here.
+        if let Some(Fallback::Decided(decision, _)) = sh.sync.fallback(part.rule.capacity, call.now)
+        {
             return Ok(Applied {
                 decision,
                 token: None,
@@ -286,95 +266,88 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// One round: every tracked state's units pushed, the global states written into the
     /// slots, the trackers of idle states that are back to fresh dropped.
     async fn sync_round(&self) {
-        let (Some(sh), Map::Flat(s)) = (&self.synced, &self.store) else {
+        let (Some(sh), Map::Flat(store)) = (&self.synced, &self.store) else {
             return;
         };
         let _round = sh.rounds.lock().await;
         let now = self.clock.now();
-        let gate = sh.sync.breaker.gate(now);
-        if gate == Gate::Shut {
-            return;
-        }
-        let book = self.book.current();
-        let rules = &book.rules;
-        // Take the work, grouped by rule (one script call per rule and batch).
-        let mut work: Vec<(RuleId, u64, K, track::Units)> = Vec::new();
-        let mut idle: Vec<(u64, RuleId)> = Vec::new();
-        for e in sh.tracks.iter() {
+        let local = TrackedStates {
+            synced: sh,
+            store,
+            rules: &self.book.current().rules,
+            clock: &self.clock,
+        };
+        sh.sync.round(&local, now, self.clock.unix_epoch_ns()).await;
+    }
+}
+
+/// A round's view of a synced limiter: its trackers, by (key hash, rule), and the table that
+/// holds their states.
+struct TrackedStates<'a, K, C> {
+    synced: &'a Synced<K>,
+    store: &'a FlatStore<K>,
+    /// The current book's rules, by rule id.
+    rules: &'a [Rule],
+    clock: &'a C,
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Tracked for TrackedStates<'_, K, C> {
+    /// The rule, the key's hash and the key.
+    type Id = (RuleId, u64, K);
+    /// The tracker's place: (key hash, rule).
+    type Idle = (u64, RuleId);
+
+    fn take(&self, now: u64, work: &mut Vec<(Self::Id, Units)>, idle: &mut Vec<Self::Idle>) {
+        for e in self.synced.tracks.iter() {
             let &(h, id) = e.key();
-            let rule = &rules[usize::from(id)];
+            let rule = &self.rules[usize::from(id)];
             match e.value().track.take(rule, track::window(rule, now)) {
-                Some(units) => work.push((id, h, e.value().key.clone(), units)),
+                Some(units) => work.push(((id, h, e.value().key.clone()), units)),
                 None => idle.push((h, id)),
             }
         }
-        work.sort_unstable_by_key(|w| w.0);
-        for (h, id) in idle {
-            let rule = &rules[usize::from(id)];
-            // Under the shard's write lock: a check that races the removal either lands before
-            // it (the tracker is then not idle) or after it, on a new tracker.
-            let removed = sh.tracks.remove_if(&(h, id), |_, e| {
-                let state = s.word_or_fresh(s.hash(&e.key), id);
-                e.track.is_idle() && track::is_fresh(rule, state, now)
-            });
-            if removed.is_some() {
-                // Relaxed: a statistic.
-                sh.sync.stats.evicted.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        let pushes: Vec<Push<'_>> = work
-            .iter()
-            .map(|(id, _, k, units)| {
-                let rule = &rules[usize::from(*id)];
-                Push {
-                    key: sh.redis_key(k, rule),
-                    rule,
-                    units: *units,
-                }
-            })
-            .collect();
-        let adopt = |i: usize, global: Global| {
-            let (id, h, k, _) = &work[i];
-            let rule = &rules[usize::from(*id)];
-            sh.with_track(k, *h, *id, |t| self.adopt(s, k, *id, rule, t, global));
-        };
-        let give_back = |i: usize| {
-            let (id, h, k, units) = &work[i];
-            let rule = &rules[usize::from(*id)];
-            sh.with_track(k, *h, *id, |t| t.give_back(rule, units))
-                .unwrap_or(units[0].1 + units[1].1)
-        };
-        sh.sync
-            .push(
-                gate,
-                now,
-                self.clock.unix_epoch_ns(),
-                &pushes,
-                adopt,
-                give_back,
-            )
-            .await;
+        // Grouped by rule: one script call per rule and batch.
+        work.sort_unstable_by_key(|w| w.0.0);
     }
 
-    /// Writes a round's global state into (`key`, `rule`)'s slot (nothing when the state is
-    /// gone: swept or evicted meanwhile).
-    fn adopt(
-        &self,
-        s: &FlatStore<K>,
-        key: &K,
-        id: RuleId,
-        rule: &Rule,
-        t: &Tracker,
-        global: Global,
-    ) {
-        s.update_word(s.hash(key), id, |slot, word| {
-            cell::replace_inline(slot, word, |word| match global {
-                Global::Debt(debt) => Some(t.adopt_gcra(rule, self.clock.now(), debt)),
-                Global::Counts { window, cur, prev } => {
-                    t.adopt_window(rule, word, window, cur, prev)
-                }
+    fn evict(&self, (h, id): Self::Idle, now: u64) -> bool {
+        let (s, rule) = (self.store, &self.rules[usize::from(id)]);
+        // Under the shard's write lock: a check that races the removal either lands before
+        // it (the tracker is then not idle) or after it, on a new tracker.
+        let removed = self.synced.tracks.remove_if(&(h, id), |_, e| {
+            let state = s.word_or_fresh(s.hash(&e.key), id);
+            e.track.is_idle() && track::is_fresh(rule, state, now)
+        });
+        removed.is_some()
+    }
+
+    fn rule(&self, (id, _, _): &Self::Id) -> &Rule {
+        &self.rules[usize::from(*id)]
+    }
+
+    fn redis_key(&self, id: &Self::Id) -> String {
+        self.synced.redis_key(&id.2, self.rule(id))
+    }
+
+    /// Writes the global state into (key, rule)'s slot (nothing when the state is gone: swept
+    /// or evicted meanwhile).
+    fn adopt(&self, id: &Self::Id, global: Global) {
+        let (rule_id, h, key) = id;
+        let (s, rule) = (self.store, self.rule(id));
+        self.synced.with_track(key, *h, *rule_id, |t| {
+            s.update_word(s.hash(key), *rule_id, |slot, word| {
+                cell::replace_inline(slot, word, |word| {
+                    t.adopt(rule, word, global, self.clock.now())
+                })
             })
         });
+    }
+
+    fn give_back(&self, id: &Self::Id, units: &Units) -> u64 {
+        let (rule_id, h, key) = id;
+        self.synced
+            .with_track(key, *h, *rule_id, |t| t.give_back(self.rule(id), units))
+            .unwrap_or(units[0].1 + units[1].1)
     }
 }
 
@@ -388,34 +361,23 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
-    let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Config {
-        line: None,
-        message: "a limiter synced through Redis is built inside a tokio runtime".into(),
-    })?;
     let weak: Weak<Limiter<K, C>> = Arc::downgrade(limiter);
-    runtime.spawn(async move {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(l) = weak.upgrade() else { return };
-            l.sync_round().await;
-        }
-    });
+    round::spawn_rounds(
+        interval,
+        "a limiter synced through Redis is built inside a tokio runtime",
+        move || {
+            let l = weak.upgrade()?;
+            Some(async move { l.sync_round().await })
+        },
+    )?;
     Ok(())
 }
 
 /// Whether a rule can be synced (a sliding log cannot: it keeps every request's time).
 pub(crate) fn check_rules(rules: &[Rule]) -> Result<(), Error> {
-    match rules.iter().find(|r| r.kind == Kind::Log) {
-        Some(r) => Err(Error::Config {
-            line: None,
-            message: format!(
-                "a limiter synced through Redis runs token and leaky buckets, fixed windows and \
-                 sliding window counters, not {} (use RedisLimiter, exact mode)",
-                r.algorithm.name()
-            ),
-        }),
-        None => Ok(()),
-    }
+    track::check_syncable(
+        rules,
+        "a limiter synced through Redis",
+        "use RedisLimiter, exact mode",
+    )
 }

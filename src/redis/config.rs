@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::FailurePolicy;
 use super::link::{BreakerConfig, Target};
+use super::round::{DEFAULT_INTERVAL, DEFAULT_ROUND_DEADLINE};
 use crate::error::Error;
 
 /// The Redis a limiter's states live on: the server (or Cluster), key prefix, deadline, failure
@@ -57,21 +58,17 @@ impl RedisConfig {
     /// A Redis Cluster, from one or more seed nodes: each (key, quota) is reconciled with its
     /// own script call, all in flight at once.
     pub fn cluster(nodes: &[&str]) -> Self {
-        Self::with_target(Target::cluster(nodes, Duration::from_millis(100)))
+        Self::with_target(Target::cluster(nodes, DEFAULT_ROUND_DEADLINE))
     }
 
     fn with_target(target: Result<Target, Error>) -> Self {
         RedisConfig {
             target,
-            interval: Duration::from_millis(100),
+            interval: DEFAULT_INTERVAL,
             prefix: "tollgate:".into(),
-            deadline: Duration::from_millis(100),
+            deadline: DEFAULT_ROUND_DEADLINE,
             policy: FailurePolicy::Closed,
-            breaker: BreakerConfig {
-                threshold: 3,
-                min_backoff_ns: 100_000_000,
-                max_backoff_ns: 5_000_000_000,
-            },
+            breaker: BreakerConfig::DEFAULT,
         }
     }
 
@@ -110,12 +107,7 @@ impl RedisConfig {
     /// The circuit breaker: opens after `threshold` consecutive failed rounds, then probes after
     /// `min_backoff`, doubling up to `max_backoff` while probes fail (defaults 3, 100 ms, 5 s).
     pub fn breaker(mut self, threshold: u64, min_backoff: Duration, max_backoff: Duration) -> Self {
-        let min = crate::clock::nanos(min_backoff).max(1);
-        self.breaker = BreakerConfig {
-            threshold: threshold.max(1),
-            min_backoff_ns: min,
-            max_backoff_ns: crate::clock::nanos(max_backoff).max(min),
-        };
+        self.breaker = BreakerConfig::new(threshold, min_backoff, max_backoff);
         self
     }
 
@@ -133,17 +125,26 @@ impl RedisConfig {
         if self.deadline.is_zero() {
             return bad("redis deadline is 0: a round needs some time to reach Redis".into());
         }
-        if self.prefix.contains(['{', '}']) {
-            return bad(format!(
-                "redis prefix '{}' contains a brace: the hash tag must be the key's own",
-                self.prefix
-            ));
-        }
+        check_prefix(&self.prefix)?;
         if let Err(e) = &self.target {
             return Err(e.clone());
         }
         Ok(())
     }
+}
+
+/// A key prefix with a brace would take the client's place as the Cluster hash tag (and let two
+/// clients share a name): an error in every mode.
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), Error> {
+    if prefix.contains(['{', '}']) {
+        return Err(Error::Config {
+            line: None,
+            message: format!(
+                "redis prefix '{prefix}' contains a brace: the hash tag must be the key's own"
+            ),
+        });
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for RedisConfig {

@@ -168,6 +168,26 @@ pub(crate) struct BreakerConfig {
     pub(crate) max_backoff_ns: u64,
 }
 
+impl BreakerConfig {
+    /// The defaults of every mode: open after 3 failures, probe after 100 ms, back off to 5 s.
+    pub(crate) const DEFAULT: BreakerConfig = BreakerConfig {
+        threshold: 3,
+        min_backoff_ns: 100_000_000,
+        max_backoff_ns: 5_000_000_000,
+    };
+
+    /// The settings a builder's `breaker(threshold, min_backoff, max_backoff)` asks for: at
+    /// least one failure, a backoff of at least 1 ns, the longest at least the first.
+    pub(crate) fn new(threshold: u64, min_backoff: Duration, max_backoff: Duration) -> Self {
+        let min = crate::clock::nanos(min_backoff).max(1);
+        BreakerConfig {
+            threshold: threshold.max(1),
+            min_backoff_ns: min,
+            max_backoff_ns: crate::clock::nanos(max_backoff).max(min),
+        }
+    }
+}
+
 /// What the breaker lets a call do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Gate {

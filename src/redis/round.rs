@@ -1,16 +1,23 @@
 //! A synced-mode round's Redis side: the reconciling scripts, the pipelined pushes (one script
 //! call per rule and batch of keys, or one per key on a Cluster), the replies read back as each
-//! key's global state, and the breaker and statistics around them. Shared by
-//! [`SyncedLimiter`](super::SyncedLimiter) and a [`Limiter`](crate::Limiter) synced through
-//! Redis; each keeps its own cells and [`Tracker`](super::track::Tracker)s.
+//! key's global state, the breaker and statistics around them, and the failure policy's answer
+//! while the breaker is open. Shared by [`SyncedLimiter`](super::SyncedLimiter) and a
+//! [`Limiter`](crate::Limiter) synced through Redis: each keeps its own cells and
+//! [`Tracker`](super::track::Tracker)s and shows them to a round through [`Tracked`]; the
+//! round itself ([`Reconciler::round`]) and the rounds' timer ([`spawn_rounds`]) are written
+//! once, here.
 
+use std::future::Future;
 use std::time::Duration;
 
 use ::redis::{Cmd, Pipeline, Value};
 
 use super::link::{Breaker, Conn, Gate, Link};
+use super::policy::{CountsDegraded, Fallback};
 use super::track::{self, Units};
+use super::{FailurePolicy, Source};
 use crate::algo::{Kind, Rule};
+use crate::error::Error;
 use crate::sync::{AtomicU64, Ordering};
 
 /// The buckets' reconciling script: for each key, charge the units pushed (`max(TAT, now) +
@@ -59,6 +66,13 @@ end
 return out
 "#;
 
+/// How often rounds run unless configured (both synced engines).
+pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long a round (and a Cluster's first contact) may wait for Redis unless configured: a
+/// round is in the background, so it can wait longer than an exact-mode call.
+pub(crate) const DEFAULT_ROUND_DEADLINE: Duration = Duration::from_millis(100);
+
 /// Keys per script call in a round.
 const BATCH: usize = 128;
 
@@ -92,12 +106,20 @@ impl Counters {
     }
 }
 
+/// Synced mode counts every degraded decision in one counter, whoever made it.
+impl CountsDegraded for Counters {
+    fn count(&self, _: Source) {
+        // Relaxed: a statistic.
+        self.degraded.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// What a round pushes for one (key, rule).
-pub(crate) struct Push<'a> {
+struct Push<'a> {
     /// The Redis key (the window algorithms' counters are this plus `:<window>`).
-    pub(crate) key: String,
-    pub(crate) rule: &'a Rule,
-    pub(crate) units: Units,
+    key: String,
+    rule: &'a Rule,
+    units: Units,
 }
 
 /// The global state a round read back for one push.
@@ -112,22 +134,139 @@ pub(crate) enum Global {
 /// The Redis side of synced mode.
 pub(crate) struct Reconciler {
     pub(crate) link: Link,
-    pub(crate) breaker: Breaker,
+    breaker: Breaker,
     pub(crate) deadline: Duration,
     pub(crate) stats: Counters,
+    /// What answers while the breaker is open.
+    policy: FailurePolicy,
     /// The buckets' script, with the 128-bit helpers it needs.
     buckets: String,
 }
 
+/// The local side of a synced round: the (key, rule) states a limiter tracks. A round takes
+/// their units ([`take`](Self::take)), drops the idle ones that are back to fresh
+/// ([`evict`](Self::evict)), pushes the units under each state's [`redis_key`](Self::redis_key)
+/// and writes the global state it reads back into the local word ([`adopt`](Self::adopt)), or,
+/// when nothing reached Redis, [`give_back`](Self::give_back) the units.
+pub(crate) trait Tracked {
+    /// How a round names a state it pushes.
+    type Id;
+    /// How a round names an idle state (one with nothing to push).
+    type Idle;
+    /// Takes every tracked state's units for a round at local time `now`
+    /// ([`Tracker::take`](super::track::Tracker::take) in the window `now` falls in): into
+    /// `work` those with units to push or checked since the last round, the states of one rule
+    /// together (a round makes one script call per run of one rule), into `idle` the others.
+    fn take(&self, now: u64, work: &mut Vec<(Self::Id, Units)>, idle: &mut Vec<Self::Idle>);
+    /// Drops an idle state's tracker (and the local state with it, where the limiter keeps
+    /// it there) if it is still idle and its local state holds nothing that counts at `now`:
+    /// such a state is a fresh one. True if dropped.
+    fn evict(&self, idle: Self::Idle, now: u64) -> bool;
+    /// The rule of a pushed state.
+    fn rule(&self, id: &Self::Id) -> &Rule;
+    /// The Redis key of a pushed state.
+    fn redis_key(&self, id: &Self::Id) -> String;
+    /// Writes the global state a round read back into the state's local word (nothing when
+    /// the state is gone).
+    fn adopt(&self, id: &Self::Id, global: Global);
+    /// Puts back the units of a round that reached nothing; returns the units that found no
+    /// place (see [`Tracker::give_back`](super::track::Tracker::give_back)).
+    fn give_back(&self, id: &Self::Id, units: &Units) -> u64;
+}
+
+/// The Unix window id of local window `window` of `rule` on a clock whose epoch is
+/// `unix_epoch_ns` (the rule's phase aligns local windows to Unix ones): the same id in every
+/// process, which names the window's counter in Redis.
+pub(crate) fn unix_window(rule: &Rule, window: u64, unix_epoch_ns: u64) -> u64 {
+    window + unix_epoch_ns / rule.period
+}
+
+/// Runs `round()`'s future every `interval` on the current tokio runtime (a round that
+/// overruns delays the next), until `round` gives `None`; `no_runtime` is the error when there
+/// is no runtime.
+pub(crate) fn spawn_rounds<F>(
+    interval: Duration,
+    no_runtime: &str,
+    mut round: impl FnMut() -> Option<F> + Send + 'static,
+) -> Result<tokio::task::JoinHandle<()>, Error>
+where
+    F: Future<Output = ()> + Send,
+{
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Config {
+        line: None,
+        message: no_runtime.into(),
+    })?;
+    Ok(runtime.spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(next) = round() else { return };
+            next.await;
+        }
+    }))
+}
+
 impl Reconciler {
-    pub(crate) fn new(link: Link, breaker: Breaker, deadline: Duration) -> Reconciler {
+    pub(crate) fn new(
+        link: Link,
+        breaker: Breaker,
+        deadline: Duration,
+        policy: FailurePolicy,
+    ) -> Reconciler {
         Reconciler {
             link,
             breaker,
             deadline,
             stats: Counters::default(),
+            policy,
             buckets: format!("{}{}", super::script::prelude(), SYNC_BUCKETS),
         }
+    }
+
+    /// The failure policy's answer to a check of a rule of capacity `limit` (the decision's
+    /// `limit`) at local time `now`: `None` while the breaker is closed (the local cells
+    /// decide), else [`FailurePolicy::answer`]'s (`Open` admits, `Closed` denies until the next
+    /// probe, counted in `degraded`; [`Fallback::Local`] for the local share: the local cells go
+    /// on deciding alone, and the caller counts that decision or not).
+    #[inline]
+    pub(crate) fn fallback(&self, limit: u64, now: u64) -> Option<Fallback> {
+        if !self.breaker.is_open() {
+            return None;
+        }
+        Some(self.policy.answer(limit, &self.breaker, now, &self.stats))
+    }
+
+    /// One round at local time `now` (`unix_epoch_ns`: the local clock's epoch) over `local`'s
+    /// states: nothing while the breaker is shut; else every state's units taken, the idle
+    /// states that are back to fresh dropped (counted `evicted`), the units pushed and the
+    /// global states adopted (or, when nothing reached Redis, the units given back).
+    pub(crate) async fn round<T: Tracked>(&self, local: &T, now: u64, unix_epoch_ns: u64) {
+        let gate = self.breaker.gate(now);
+        if gate == Gate::Shut {
+            return;
+        }
+        let mut work: Vec<(T::Id, Units)> = Vec::new();
+        let mut idle: Vec<T::Idle> = Vec::new();
+        local.take(now, &mut work, &mut idle);
+        for i in idle {
+            if local.evict(i, now) {
+                // Relaxed: a statistic.
+                self.stats.evicted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let pushes: Vec<Push<'_>> = work
+            .iter()
+            .map(|(id, units)| Push {
+                key: local.redis_key(id),
+                rule: local.rule(id),
+                units: *units,
+            })
+            .collect();
+        let adopt = |i: usize, global: Global| local.adopt(&work[i].0, global);
+        let give_back = |i: usize| local.give_back(&work[i].0, &work[i].1);
+        self.push(gate, now, unix_epoch_ns, &pushes, adopt, give_back)
+            .await;
     }
 
     /// Pushes `work` for a round that started at local time `now` (`unix_epoch_ns`: the local
@@ -135,7 +274,7 @@ impl Reconciler {
     /// `adopt(i, global)` gets each push's global state; when nothing reached Redis,
     /// `give_back(i)` puts push `i`'s units back and returns the units that found no place.
     /// Units whose push may or may not have run are never replayed: counted unconfirmed.
-    pub(crate) async fn push(
+    async fn push(
         &self,
         gate: Gate,
         now: u64,
@@ -272,10 +411,7 @@ impl Reconciler {
                 cmd.arg(p.units[0].1.saturating_mul(rule.emission).to_string());
             }
         } else {
-            // Local window `w` is Unix window `w + offset` (the rule's phase aligns local
-            // windows to Unix ones): the same id in every process.
-            let offset = unix_epoch_ns / rule.period;
-            let unix = |w: u64| (w + offset).to_string();
+            let unix = |w: u64| unix_window(rule, w, unix_epoch_ns).to_string();
             let window = track::window(rule, now);
             // Each window's counter lives two periods: the previous window still counts.
             let ttl_ms = rule.period.saturating_mul(2) / 1_000_000 + 1_000;

@@ -35,14 +35,15 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-use super::link::{Breaker, Gate, Link, Target};
-use super::round::{Global, Push, Reconciler};
+use super::builder::Common;
+use super::link::{Breaker, Link, Target};
+use super::round::{self, Global, Reconciler, Tracked};
 use super::track::{self, Tracker, Units};
-use super::{Common, FailurePolicy, common_setters};
-use crate::algo::{Kind, Rule};
-use crate::cell::update;
+use super::{CountsDegraded, FailurePolicy, Fallback, Source, common_setters};
+use crate::algo::Rule;
+use crate::cell::{self, update};
 use crate::clock::{Clock, MonotonicClock};
-use crate::decision::{Decision, Reason};
+use crate::decision::Decision;
 use crate::error::Error;
 use crate::sync::{AtomicU64, Ordering};
 
@@ -117,16 +118,7 @@ impl SyncedBuilder {
                 message: format!("synced mode takes exactly one quota, got {}", rules.len()),
             });
         };
-        if rule.kind == Kind::Log {
-            return Err(Error::Config {
-                line: None,
-                message: format!(
-                    "synced mode runs token and leaky buckets, fixed windows and sliding window \
-                     counters, not {} (use exact mode)",
-                    rule.algorithm.name()
-                ),
-            });
-        }
+        track::check_syncable(&rules, "synced mode", "use exact mode")?;
         if self.interval.is_zero() {
             return Err(Error::Config {
                 line: None,
@@ -134,10 +126,6 @@ impl SyncedBuilder {
             });
         }
         let target = self.common.target.clone()?;
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Config {
-            line: None,
-            message: "SyncedLimiter::build must run inside a tokio runtime".into(),
-        })?;
         let clock = MonotonicClock::new();
         // The rules were compiled for Redis's own clock (Unix time, phase 0); the local cells run
         // on this clock, whose windows must be the same Unix-aligned ones in every process.
@@ -151,11 +139,19 @@ impl SyncedBuilder {
                 Link::new(target),
                 Breaker::new(self.common.breaker),
                 self.common.deadline,
+                self.common.policy,
             ),
             prefix: self.common.prefix,
-            policy: self.common.policy,
         });
-        let task = runtime.spawn(run(Arc::clone(&inner), self.interval));
+        let rounds = Arc::clone(&inner);
+        let task = round::spawn_rounds(
+            self.interval,
+            "SyncedLimiter::build must run inside a tokio runtime",
+            move || {
+                let inner = Arc::clone(&rounds);
+                Some(async move { inner.round().await })
+            },
+        )?;
         Ok(SyncedLimiter { inner, task })
     }
 }
@@ -166,7 +162,6 @@ struct SyncedInner {
     clock: MonotonicClock,
     sync: Reconciler,
     prefix: String,
-    policy: FailurePolicy,
 }
 
 /// Synced mode: checks at in-process speed, reconciled with Redis in the background.
@@ -204,15 +199,15 @@ impl SyncedLimiter {
     /// A builder for a Redis Cluster, from one or more seed nodes. Each key is reconciled with
     /// its own script call (keys of one round live in different slots), all in flight at once.
     pub fn cluster_builder(nodes: &[&str]) -> SyncedBuilder {
-        Self::with_target(Target::cluster(nodes, Duration::from_millis(100)))
+        Self::with_target(Target::cluster(nodes, round::DEFAULT_ROUND_DEADLINE))
     }
 
     fn with_target(target: Result<Target, Error>) -> SyncedBuilder {
         let mut common = Common::new(target);
-        common.deadline = Duration::from_millis(100);
+        common.deadline = round::DEFAULT_ROUND_DEADLINE;
         SyncedBuilder {
             common,
-            interval: Duration::from_millis(100),
+            interval: round::DEFAULT_INTERVAL,
         }
     }
 
@@ -238,38 +233,18 @@ impl SyncedLimiter {
     #[inline]
     fn decide(&self, key: &str, cost: u64) -> Decision {
         let inner = &*self.inner;
-        if inner.sync.breaker.is_open() {
-            if let Some(d) = self.degraded() {
-                return d;
-            }
-        }
         let now = inner.clock.now();
+        match inner.sync.fallback(inner.rule.capacity, now) {
+            None => {}
+            Some(Fallback::Decided(d, _)) => return d,
+            // The local share: the local cells decide alone, a degraded decision all the same.
+            Some(Fallback::Local) => inner.sync.stats.count(Source::LocalShare),
+        }
         if let Some(slot) = inner.slots.get(key) {
             return inner.apply(&slot, now, cost);
         }
         let slot = inner.slots.entry(key.into()).or_insert_with(Slot::new);
         inner.apply(&slot, now, cost)
-    }
-
-    /// The policy's answer while the breaker is open; `None` for the local share (the local
-    /// cells go on deciding).
-    fn degraded(&self) -> Option<Decision> {
-        let inner = &*self.inner;
-        // Relaxed: a statistic.
-        inner.sync.stats.degraded.fetch_add(1, Ordering::Relaxed);
-        let limit = inner.rule.capacity;
-        match inner.policy {
-            FailurePolicy::Open => Some(crate::redis::open_decision(limit)),
-            FailurePolicy::Closed => {
-                let wait = inner.sync.breaker.wait_ns(inner.clock.now());
-                Some(Decision {
-                    limit,
-                    reset_after_ns: wait,
-                    ..Decision::denied(Reason::Limited, wait)
-                })
-            }
-            FailurePolicy::LocalShare { .. } => None,
-        }
     }
 
     /// The counters.
@@ -307,110 +282,64 @@ impl SyncedInner {
 
     /// One round: push every touched key's pending units, adopt the global states.
     async fn round(&self) {
-        let now = self.clock.now();
-        let gate = self.sync.breaker.gate(now);
-        if gate == Gate::Shut {
-            return;
-        }
+        let epoch = self.clock.unix_epoch_ns();
+        self.sync.round(self, self.clock.now(), epoch).await;
+    }
+}
+
+/// A round's view of the local slots: each key's one state, named by the key.
+impl Tracked for SyncedInner {
+    type Id = Box<str>;
+    type Idle = Box<str>;
+
+    fn take(&self, now: u64, work: &mut Vec<(Box<str>, Units)>, idle: &mut Vec<Box<str>>) {
         // The round's local window (window algorithms); a check may already be in the next.
         let window = track::window(&self.rule, now);
-        // Take the work: every key checked since the last round, with its units.
-        let mut work: Vec<(Box<str>, Units)> = Vec::new();
-        let mut idle: Vec<Box<str>> = Vec::new();
         for e in self.slots.iter() {
             match e.value().track.take(&self.rule, window) {
                 Some(units) => work.push((e.key().clone(), units)),
                 None => idle.push(e.key().clone()),
             }
         }
-        // Drop idle keys that are back to fresh (under the shard's write lock, so a check that
-        // races the removal either lands before it, making the slot non-idle, or after, on a
-        // fresh slot: both equal a fresh key).
-        for k in idle {
-            let removed = self.slots.remove_if(&k, |_, s| {
-                // Acquire: see `cell::update`. Under the write lock no check runs on this slot.
-                s.track.is_idle()
-                    && track::is_fresh(&self.rule, s.word.load(Ordering::Acquire), now)
-            });
-            if removed.is_some() {
-                // Relaxed: a statistic.
-                self.sync.stats.evicted.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        let pushes: Vec<Push<'_>> = work
-            .iter()
-            .map(|(k, units)| Push {
-                key: self.key(k),
-                rule: &self.rule,
-                units: *units,
-            })
-            .collect();
-        let adopt = |i: usize, global: Global| {
-            let k: &str = &work[i].0;
-            match global {
-                Global::Debt(debt) => self.adopt(k, self.clock.now(), debt),
-                Global::Counts { window, cur, prev } => self.adopt_window(k, window, cur, prev),
-            }
-        };
-        let give_back = |i: usize| {
-            let (k, units) = &work[i];
-            self.slots
-                .get(k)
-                .map_or(0, |s| s.track.give_back(&self.rule, units))
-        };
-        let epoch = self.clock.unix_epoch_ns();
-        self.sync
-            .push(gate, now, epoch, &pushes, adopt, give_back)
-            .await;
     }
 
-    /// Takes a window cell's global counts (see [`Tracker::adopt_window`]).
-    fn adopt_window(&self, key: &str, window: u64, cur: u64, prev: u64) {
+    fn evict(&self, key: Box<str>, now: u64) -> bool {
+        // Under the shard's write lock, so a check that races the removal either lands before
+        // it, making the slot non-idle, or after, on a fresh slot: both equal a fresh key.
+        let removed = self.slots.remove_if(&key, |_, s| {
+            // Acquire: see `cell::update`. Under the write lock no check runs on this slot.
+            s.track.is_idle() && track::is_fresh(&self.rule, s.word.load(Ordering::Acquire), now)
+        });
+        removed.is_some()
+    }
+
+    fn rule(&self, _: &Box<str>) -> &Rule {
+        &self.rule
+    }
+
+    fn redis_key(&self, key: &Box<str>) -> String {
+        self.key(key)
+    }
+
+    /// Takes the global state into the key's cell: a bucket's debt at the local time now, plus
+    /// what was admitted here since the round took this key's units; a window cell's counts
+    /// (see [`Tracker::adopt`]).
+    fn adopt(&self, key: &Box<str>, global: Global) {
         let Some(slot) = self.slots.get(key) else {
             return;
         };
+        let now = self.clock.now();
         // Acquire: see `cell::update`.
-        let mut word = slot.word.load(Ordering::Acquire);
-        while let Some(next) = slot.track.adopt_window(&self.rule, word, window, cur, prev) {
-            // AcqRel: ordered with every charge of the cell; on failure re-read and retry.
-            match slot
-                .word
-                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return,
-                Err(actual) => word = actual,
-            }
-        }
+        let word = slot.word.load(Ordering::Acquire);
+        cell::replace_inline(&slot.word, word, |word| {
+            slot.track.adopt(&self.rule, word, global, now)
+        });
     }
 
-    /// Takes the global state: the debt Redis reports, plus what was admitted here since the
-    /// round took this key's units.
-    fn adopt(&self, key: &str, local_now: u64, debt: u64) {
-        let Some(slot) = self.slots.get(key) else {
-            return;
-        };
-        // Acquire: see `cell::update`.
-        let mut cur = slot.word.load(Ordering::Acquire);
-        loop {
-            let next = slot.track.adopt_gcra(&self.rule, local_now, debt);
-            // AcqRel: ordered with every charge of the cell; on failure re-read both and retry.
-            match slot
-                .word
-                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return,
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-}
-
-async fn run(inner: Arc<SyncedInner>, interval: Duration) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        inner.round().await;
+    fn give_back(&self, key: &Box<str>, units: &Units) -> u64 {
+        self.slots
+            .get(key)
+            .map_or(0, |s| s.track.give_back(&self.rule, units))
     }
 }
 

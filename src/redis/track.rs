@@ -3,7 +3,9 @@
 //! the local word. Shared by [`SyncedLimiter`](super::SyncedLimiter) (whose cells are its own)
 //! and a [`Limiter`](crate::Limiter) synced through Redis (whose cells are its table's slots).
 
+use super::round::Global;
 use crate::algo::{self, Kind, Rule};
+use crate::error::Error;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Bits of a window id in a window algorithm's pending word (the rest count units): ids are
@@ -45,6 +47,22 @@ pub(crate) fn is_fresh(rule: &Rule, word: u64, now: u64) -> bool {
         Kind::Fixed => algo::fixed::is_fresh(word, now, rule),
         Kind::Sliding => algo::sliding::is_fresh(word, now, rule),
         Kind::Log => true,
+    }
+}
+
+/// Whether `rules` can be synced: a sliding log cannot (it keeps every request's time). The
+/// error names the limiter (`who`) and what to use instead.
+pub(crate) fn check_syncable(rules: &[Rule], who: &str, instead: &str) -> Result<(), Error> {
+    match rules.iter().find(|r| r.kind == Kind::Log) {
+        Some(r) => Err(Error::Config {
+            line: None,
+            message: format!(
+                "{who} runs token and leaky buckets, fixed windows and sliding window counters, \
+                 not {} ({instead})",
+                r.algorithm.name()
+            ),
+        }),
+        None => Ok(()),
     }
 }
 
@@ -265,9 +283,27 @@ impl Tracker {
         }
     }
 
+    /// The word a local cell of `rule` holding `word` takes from a round that read `global`
+    /// (a bucket's at local time `local_now`): see [`adopt_gcra`](Self::adopt_gcra) and
+    /// [`adopt_window`](Self::adopt_window). `None`: leave the word as it is.
+    pub(crate) fn adopt(
+        &self,
+        rule: &Rule,
+        word: u64,
+        global: Global,
+        local_now: u64,
+    ) -> Option<u64> {
+        match global {
+            Global::Debt(debt) => Some(self.adopt_gcra(rule, local_now, debt)),
+            Global::Counts { window, cur, prev } => {
+                self.adopt_window(rule, word, window, cur, prev)
+            }
+        }
+    }
+
     /// The word a GCRA cell takes from a round: the global debt (`TAT - now` in Redis), plus
     /// what was admitted here since the round took this key's units.
-    pub(crate) fn adopt_gcra(&self, rule: &Rule, local_now: u64, debt: u64) -> u64 {
+    fn adopt_gcra(&self, rule: &Rule, local_now: u64, debt: u64) -> u64 {
         // Acquire: pairs with the Release add in `charged` (units admitted since the swap).
         let since = self.pending.load(Ordering::Acquire);
         local_now
@@ -283,14 +319,7 @@ impl Tracker {
     /// stays until their count passes it. For a fixed window, also sets the next window's start
     /// to the others' share of this one (the global count less this process's own units,
     /// scaled to the limit).
-    pub(crate) fn adopt_window(
-        &self,
-        rule: &Rule,
-        word: u64,
-        w: u64,
-        cur: u64,
-        prev: u64,
-    ) -> Option<u64> {
+    fn adopt_window(&self, rule: &Rule, word: u64, w: u64, cur: u64, prev: u64) -> Option<u64> {
         let cur = cur.saturating_add(self.since(w));
         match rule.kind {
             Kind::Fixed => {
