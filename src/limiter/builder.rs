@@ -348,10 +348,7 @@ impl<K, C: Clock> Builder<K, C> {
             evicts: self.on_full == OnFull::EvictFresh,
             reclaiming: crate::sync::AtomicBool::new(false),
             stale_from: crate::sync::AtomicU64::new(0),
-            #[cfg(feature = "redis")]
-            synced: None,
-            #[cfg(feature = "redis")]
-            exact: None,
+            backend: super::Backend::in_process(),
         })
     }
 
@@ -416,7 +413,7 @@ impl<K, C: Clock> Builder<K, C> {
         if let (Some(redis), true) = (self.redis.clone(), self.exact) {
             let mut limiter = self.build_local()?;
             let plans = crate::sync::lock(&limiter.plans).clone();
-            limiter.exact = Some(super::exact::Exact::new(
+            limiter.backend.exact = Some(super::exact::Exact::new(
                 redis,
                 &plans,
                 &limiter.book.current().by_name,
@@ -435,7 +432,7 @@ impl<K, C: Clock> Builder<K, C> {
                 });
             }
             super::synced::check_rules(&limiter.book.current().rules)?;
-            limiter.synced = Some(super::synced::Synced::new(
+            limiter.backend.synced = Some(super::synced::Synced::new(
                 redis,
                 <K as ToString>::to_string,
             )?);

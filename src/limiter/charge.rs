@@ -218,7 +218,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     ) -> Result<Applied, Full> {
         match &self.store {
             #[cfg(feature = "redis")]
-            Map::Flat(s) if self.synced.is_some() => self.apply_synced(s, call, part),
+            Map::Flat(s) if self.backend.is_synced() => self.apply_synced(s, call, part),
             Map::Flat(s) if part.rule.kind != Kind::Log => {
                 self.apply_inline(s, call, part, with_token, &NoHook)
             }

@@ -141,8 +141,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         time: &mut Time,
     ) -> Result<(), Error> {
         let l = self.limiter;
-        #[cfg(feature = "redis")]
-        if l.exact.is_some() {
+        if l.backend.is_exact() {
             return Err(Error::Config {
                 line: None,
                 message: "check_all: a limiter in Redis exact mode decides one script per plan, \

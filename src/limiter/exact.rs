@@ -159,7 +159,7 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
         plan: PlanId,
         cost: u64,
     ) -> Result<Decision, Error> {
-        match &self.exact {
+        match &self.backend.exact {
             Some(x) => self.exact_call(x, key, plan, cost, Call::Check).await,
             None => self.check_in(key, plan, cost),
         }
@@ -168,7 +168,7 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
     /// [`peek_in`](Self::peek_in) on every backend (see [`check_async`](Self::check_async)):
     /// in exact mode the script decides and writes nothing.
     pub async fn peek_in_async(&self, key: &K, plan: PlanId, cost: u64) -> Result<Decision, Error> {
-        match &self.exact {
+        match &self.backend.exact {
             Some(x) => self.exact_call(x, key, plan, cost, Call::Peek).await,
             None => self.peek_in(key, plan, cost),
         }
@@ -183,7 +183,7 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
         cost: u64,
         max_delay: Duration,
     ) -> Result<Decision, Error> {
-        match &self.exact {
+        match &self.backend.exact {
             Some(x) => {
                 self.exact_call(x, key, plan, cost, Call::Reserve(max_delay))
                     .await
@@ -202,7 +202,7 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
     /// [`Builder::redis_exact`]: crate::Builder::redis_exact
     pub async fn reset_async(&self, key: &K) -> Result<bool, Error> {
         let mut any = self.reset(key);
-        if let Some(x) = &self.exact {
+        if let Some(x) = &self.backend.exact {
             let name = (x.name)(key);
             let plans: Vec<RedisLimiter> = {
                 let plans = x.plans.read().unwrap_or_else(|e| e.into_inner());
@@ -212,7 +212,7 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
                 any |= redis.reset(&name).await?;
             }
         }
-        if let Some(sh) = &self.synced {
+        if let Some(sh) = &self.backend.synced {
             let rules = self.book.current().rules.clone();
             let (now, epoch) = (self.clock.now(), self.clock.unix_epoch_ns());
             any |= sh
@@ -226,13 +226,13 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
     ///
     /// [`Builder::redis_exact`]: crate::Builder::redis_exact
     pub fn is_exact(&self) -> bool {
-        self.exact.is_some()
+        self.backend.exact.is_some()
     }
 
     /// Synchronous calls an exact-mode limiter answered by its failure policy (they cannot wait
     /// for Redis); 0 elsewhere.
     pub fn sync_calls_degraded(&self) -> u64 {
-        self.exact.as_ref().map_or(0, Exact::sync_calls)
+        self.backend.exact.as_ref().map_or(0, Exact::sync_calls)
     }
 
     /// One decision on Redis, with the plan's strategy, counted in the plan's stats (a peek
@@ -289,7 +289,7 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
         req: super::engine::Request,
         mode: Mode,
     ) -> Option<Result<Decision, Error>> {
-        let x = self.exact.as_ref()?;
+        let x = self.backend.exact.as_ref()?;
         let book = self.book.current();
         let compiled = match book.get(plan) {
             Ok(compiled) => compiled,

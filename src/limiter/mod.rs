@@ -12,6 +12,7 @@ macro_rules! on_store {
     };
 }
 
+mod backend;
 mod book;
 mod builder;
 mod charge;
@@ -49,6 +50,7 @@ use crate::error::Error;
 use crate::stats::{Count, Counters};
 use crate::store::{DashStore, FlatStore, Full, OnFull, Store, StoreKind};
 use crate::sync::AtomicUsize;
+use backend::Backend;
 use book::{Book, Books, Compiled, Short, Words};
 use charge::Call;
 use engine::Request;
@@ -110,12 +112,8 @@ pub struct Limiter<K, C = MonotonicClock> {
     housekeeping: crate::sync::AtomicBool,
     /// Whether a new state at the cap may take a fresh one's place (`OnFull::EvictFresh`).
     evicts: bool,
-    /// Synced through Redis: the trackers and the rounds' Redis side.
-    #[cfg(feature = "redis")]
-    synced: Option<synced::Synced<K>>,
-    /// Exact mode: each plan's Redis limiter.
-    #[cfg(feature = "redis")]
-    exact: Option<exact::Exact<K>>,
+    /// In process, or through Redis (synced or exact).
+    backend: Backend<K>,
     /// A walk of the table for a new state at the cap is running (see
     /// [`reclaim_at_cap`](Self::reclaim_at_cap)): one at a time.
     reclaiming: crate::sync::AtomicBool,
@@ -129,10 +127,7 @@ pub struct Limiter<K, C = MonotonicClock> {
 
 impl<K, C: std::fmt::Debug> std::fmt::Debug for Limiter<K, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        #[cfg(feature = "redis")]
-        let (synced, exact) = (self.synced.is_some(), self.exact.is_some());
-        #[cfg(not(feature = "redis"))]
-        let (synced, exact) = (false, false);
+        let (synced, exact) = (self.backend.is_synced(), self.backend.is_exact());
         let book = self.book.current();
         f.debug_struct("Limiter")
             .field("flat_store", &matches!(self.store, Map::Flat(_)))
@@ -541,14 +536,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             Some(self.book.current()),
             matches!(self.store, Map::Flat(_)) && !self.is_synced(),
         )?;
-        #[cfg(feature = "redis")]
-        if self.is_synced() {
-            synced::check_rules(&book.rules)?;
-        }
-        #[cfg(feature = "redis")]
-        if let Some(x) = &self.exact {
-            x.install(&next, &book.by_name)?;
-        }
+        self.backend.plans_changed(&next, &book)?;
         let id = book.by_name[name];
         self.book.install(book);
         *plans = next;

@@ -34,14 +34,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
     /// Whether the limiter is synced through Redis ([`Builder::redis_synced`]).
     pub fn is_synced(&self) -> bool {
-        #[cfg(feature = "redis")]
-        {
-            self.synced.is_some()
-        }
-        #[cfg(not(feature = "redis"))]
-        {
-            false
-        }
+        self.backend.is_synced()
     }
     /// Which store this limiter runs on: the one asked for, or [`StoreKind::Dash`] where a flat
     /// table for `max_keys` cannot be mapped.

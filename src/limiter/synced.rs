@@ -208,6 +208,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         part: &PartRule,
     ) -> Result<Applied, Full> {
         let sh = self
+            .backend
             .synced
             .as_ref()
             .expect("apply_synced on a synced limiter");
@@ -244,7 +245,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// A refund of `call.cost` on (`call.key`, `rule`) at `call.now`: the units come off what
     /// is still to push.
     pub(crate) fn refund_synced(&self, call: &Call<'_, K>, rule_id: RuleId, rule: &Rule) {
-        if let Some(sh) = &self.synced {
+        if let Some(sh) = &self.backend.synced {
             sh.with_track(call.key, call.hash, rule_id, |t| {
                 t.refunded(rule, call.now, call.cost)
             });
@@ -253,7 +254,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
 
     /// Synced mode's counters; `None` for a limiter in process only.
     pub fn synced_stats(&self) -> Option<SyncedStats> {
-        let sh = self.synced.as_ref()?;
+        let sh = self.backend.synced.as_ref()?;
         Some(sh.sync.stats.snapshot(sh.tracks.len() as u64))
     }
 
@@ -266,7 +267,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// One round: every tracked state's units pushed, the global states written into the
     /// slots, the trackers of idle states that are back to fresh dropped.
     async fn sync_round(&self) {
-        let (Some(sh), Map::Flat(store)) = (&self.synced, &self.store) else {
+        let (Some(sh), Map::Flat(store)) = (&self.backend.synced, &self.store) else {
             return;
         };
         let _round = sh.rounds.lock().await;
