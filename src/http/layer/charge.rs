@@ -1,0 +1,439 @@
+//! A request's charge and its verdict: the client's plan alone (`charge_own`, `settle_one`),
+//! the plan and every matching rule all or nothing (`decide`, through the engine's routine over
+//! [`RequestLimits`]), exact mode's call to Redis (`charge_exact`), and what the verdict means
+//! for the request (`answer`: forwarded, held for a queue, or answered).
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body_util::Full;
+
+use super::response::reject;
+use super::{HttpKey, RateLimitLayer};
+use crate::cell::Mode;
+use crate::clock::Clock;
+use crate::decision::Reason;
+use crate::error::Error;
+use crate::http::config::HeaderStyle;
+use crate::http::grpc;
+use crate::http::keys::{ClientKey, KeyError};
+use crate::limiter::{Detailed, Limiter, Limits, all_or_nothing};
+use crate::plan::PlanId;
+use crate::stats::Count;
+
+impl<C: Clock> RateLimitLayer<C> {
+    /// Charges the request once its plan is known: what to forward with, or the layer's answer.
+    #[allow(clippy::result_large_err)] // as `front`
+    pub(super) fn charge(
+        &self,
+        parts: &http::request::Parts,
+        found: Result<(ClientKey, PlanId), KeyError>,
+        cost: u64,
+    ) -> Result<Passed, Response<Full<Bytes>>> {
+        let (client, plan) = found.map_err(|e| self.bad_key(parts, e))?;
+        if self.shared.core.rules.is_empty() {
+            return self.charge_own(parts, client, plan, cost);
+        }
+        self.answer(parts, self.decide(parts, client, plan, cost), cost)
+    }
+
+    /// [`charge`](Self::charge) of the only limit, the client's plan (no rules).
+    #[allow(clippy::result_large_err)] // as `front`
+    fn charge_own(
+        &self,
+        parts: &http::request::Parts,
+        client: ClientKey,
+        plan: PlanId,
+        cost: u64,
+    ) -> Result<Passed, Response<Full<Bytes>>> {
+        let key = HttpKey { rule: None, client };
+        let passed = |checks: Checks| Passed {
+            checks,
+            cost,
+            delay: 0,
+        };
+        let charged = self
+            .shared
+            .core
+            .limiter
+            .charge_detailed(&key, plan, cost, Mode::Check);
+        let bare = passed(Checks::None);
+        match self.settle_one(key, plan, charged, bare, |check| passed(Checks::One(check))) {
+            Ok(passed) => Ok(passed),
+            Err(verdict) => self.answer(parts, verdict, cost),
+        }
+    }
+
+    /// What the charge of `key`'s plan, the request's only limit, means: a plain pass (admitted
+    /// now, not by a soft limit) as `bare` when neither headers nor a refund need the charge
+    /// after the response, else as `carry` makes it of the charge; anything else as the verdict
+    /// to answer. `bare` is a value and `carry` has one call site so that `carry` is inlined (a
+    /// closure called for both passes stays out of line: a call per request that reads its
+    /// argument back from memory). The charge's record is read where the limiter wrote it and
+    /// moved only when it is kept; the caller charges first and moves the key in only then (a
+    /// key moved just after it was built is read back wider than it was written: a
+    /// store-forwarding stall per request).
+    #[inline(always)]
+    #[allow(clippy::result_large_err)] // inlined: nothing is returned through memory
+    pub(super) fn settle_one<T>(
+        &self,
+        key: HttpKey,
+        plan: PlanId,
+        charged: Result<Detailed, Error>,
+        bare: T,
+        carry: impl FnOnce(Check) -> T,
+    ) -> Result<T, Verdict> {
+        let shared = &*self.shared;
+        // Looked at in place: a plain pass that carries nothing reads only its decision.
+        let (allowed, plain) = match &charged {
+            Ok(detailed) => {
+                let d = &detailed.decision;
+                let plain = d.reason() != Reason::SoftLimit && d.delay_ns() == 0;
+                (d.is_allowed(), d.is_allowed() && plain)
+            }
+            Err(_) => (false, false),
+        };
+        if plain && shared.core.config.headers == HeaderStyle::None && shared.hooks.refund.is_none()
+        {
+            return Ok(bare);
+        }
+        let detailed = match charged {
+            Ok(detailed) => detailed,
+            Err(e) => return Err(Verdict::Error(e)),
+        };
+        if plain {
+            return Ok(carry(Check {
+                key,
+                plan,
+                detailed,
+            }));
+        }
+        let client = (!allowed).then(|| key.client.clone());
+        let checks = Checks::One(Check {
+            key,
+            plan,
+            detailed,
+        });
+        Err(match client {
+            None => Verdict::Pass { checks },
+            Some(client) => Verdict::Deny {
+                checks,
+                at: 0,
+                client,
+            },
+        })
+    }
+
+    /// What a charge's verdict means for the request: what to forward with, or the layer's
+    /// answer; counted in the layer's counters.
+    #[allow(clippy::result_large_err)] // as `front`
+    pub(super) fn answer(
+        &self,
+        parts: &http::request::Parts,
+        verdict: Verdict,
+        cost: u64,
+    ) -> Result<Passed, Response<Full<Bytes>>> {
+        let core = &self.shared.core;
+        match verdict {
+            Verdict::Pass { checks } => {
+                if checks
+                    .iter()
+                    .any(|c| c.detailed.decision.reason() == Reason::SoftLimit)
+                {
+                    core.counters.soft_passed();
+                }
+                let delay = checks
+                    .iter()
+                    .map(|c| c.detailed.decision.delay_ns())
+                    .max()
+                    .unwrap_or(0);
+                if delay > 0 {
+                    core.counters.queued(delay);
+                }
+                Ok(Passed {
+                    checks,
+                    cost,
+                    delay,
+                })
+            }
+            Verdict::Deny { checks, at, client } => {
+                core.counters.limited();
+                #[cfg(feature = "tracing")]
+                tracing::debug!(
+                    target: "tollgate",
+                    client = %client,
+                    path = parts.uri.path(),
+                    retry_after_ms = checks[at].detailed.decision.retry_after_ns() / 1_000_000,
+                    "rate limited"
+                );
+                Err(self.too_many(parts, &client, &checks, at))
+            }
+            Verdict::Error(Error::CostExceedsCapacity { cost, capacity }) => {
+                core.counters.limited();
+                Err(reject(
+                    parts,
+                    StatusCode::TOO_MANY_REQUESTS,
+                    grpc::RESOURCE_EXHAUSTED,
+                    "Rate limit exceeded",
+                    &format!("This request costs {cost}; the limit holds at most {capacity}"),
+                ))
+            }
+            Verdict::Error(e) => {
+                core.counters.internal_error();
+                Err(reject(
+                    parts,
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    grpc::INTERNAL,
+                    "Rate limiter misconfigured",
+                    &e.to_string(),
+                ))
+            }
+        }
+    }
+
+    /// [`charge`](Self::charge), or in exact mode [`charge_exact`](Self::charge_exact).
+    #[allow(clippy::result_large_err)] // as `front`
+    pub(super) async fn charge_any(
+        &self,
+        parts: &http::request::Parts,
+        found: Result<(ClientKey, PlanId), KeyError>,
+        cost: u64,
+    ) -> Result<Passed, Response<Full<Bytes>>> {
+        #[cfg(feature = "redis")]
+        if self.shared.core.exact {
+            return self.charge_exact(parts, found, cost).await;
+        }
+        self.charge(parts, found, cost)
+    }
+
+    /// [`charge`](Self::charge) in exact mode: the client's plan decided by one script on
+    /// Redis (its strategy applied: soft passes flagged, a queue's reservation held), counted
+    /// in the plan's stats; the failure policy answers when Redis cannot.
+    #[cfg(feature = "redis")]
+    #[allow(clippy::result_large_err)] // as `front`
+    pub(super) async fn charge_exact(
+        &self,
+        parts: &http::request::Parts,
+        found: Result<(ClientKey, PlanId), KeyError>,
+        cost: u64,
+    ) -> Result<Passed, Response<Full<Bytes>>> {
+        let core = &self.shared.core;
+        let (client, plan) = found.map_err(|e| self.bad_key(parts, e))?;
+        let key = HttpKey { rule: None, client };
+        // The plan's strategy and stats are the limiter's (soft passes flagged, a queue's
+        // reservation held); the failure policy answers when Redis cannot.
+        let d = match core.limiter.check_in_async(&key, plan, cost).await {
+            Ok(d) => d,
+            Err(e) => return self.answer(parts, Verdict::Error(e), cost),
+        };
+        let client = key.client.clone();
+        let mut checks = Checks::new();
+        checks.push(Check {
+            key,
+            plan,
+            detailed: Detailed::external(d, core.limiter.clock().now()),
+        });
+        let verdict = if d.is_allowed() {
+            Verdict::Pass { checks }
+        } else {
+            Verdict::Deny {
+                checks,
+                at: 0,
+                client,
+            }
+        };
+        self.answer(parts, verdict, cost)
+    }
+
+    /// Charges every limit that applies (the client's plan, then each matching rule), all or
+    /// nothing, through the engine's routine (see [`all_or_nothing`]).
+    fn decide(
+        &self,
+        parts: &http::request::Parts,
+        client: ClientKey,
+        plan: PlanId,
+        cost: u64,
+    ) -> Verdict {
+        let core = &self.shared.core;
+        let method = parts.method.as_str();
+        let path = parts.uri.path();
+        let rules = core.rules.iter().enumerate().filter_map(|(i, r)| {
+            if !r.rule.matches(method, path) {
+                return None;
+            }
+            let key = HttpKey {
+                rule: Some(i as u16),
+                client: if r.rule.shared {
+                    ClientKey::Unidentified
+                } else {
+                    client.clone()
+                },
+            };
+            let rule_plan = r.tiers.get(&plan).copied().unwrap_or(r.plan);
+            Some((key, rule_plan))
+        });
+        let own = HttpKey {
+            rule: None,
+            client: client.clone(),
+        };
+        let mut limits = RequestLimits {
+            limiter: &core.limiter,
+            cost,
+            todo: std::iter::once((own, plan))
+                .chain(rules)
+                .map(Some)
+                .collect(),
+            checks: Checks::new(),
+        };
+        match all_or_nothing(&mut limits) {
+            Ok(None) => Verdict::Pass {
+                checks: limits.checks,
+            },
+            Ok(Some(at)) => Verdict::Deny {
+                checks: limits.checks,
+                at,
+                client,
+            },
+            Err(e) => Verdict::Error(e),
+        }
+    }
+}
+
+/// One limit charged for a request.
+pub(super) struct Check {
+    pub(super) key: HttpKey,
+    pub(super) plan: PlanId,
+    pub(super) detailed: Detailed,
+}
+
+pub(super) enum Verdict {
+    Pass {
+        checks: Checks,
+    },
+    Deny {
+        checks: Checks,
+        at: usize,
+        client: ClientKey,
+    },
+    Error(Error),
+}
+
+/// The limits charged for one request: one inline (a plan and no rule, the common case), more
+/// in a `Vec`.
+pub(super) enum Checks {
+    None,
+    One(Check),
+    Many(Vec<Check>),
+}
+
+impl Checks {
+    fn new() -> Self {
+        Checks::None
+    }
+
+    fn push(&mut self, c: Check) {
+        *self = match std::mem::replace(self, Checks::None) {
+            Checks::None => Checks::One(c),
+            Checks::One(first) => Checks::Many(vec![first, c]),
+            Checks::Many(mut v) => {
+                v.push(c);
+                Checks::Many(v)
+            }
+        };
+    }
+}
+
+impl std::ops::Deref for Checks {
+    type Target = [Check];
+    fn deref(&self) -> &[Check] {
+        match self {
+            Checks::None => &[],
+            Checks::One(c) => std::slice::from_ref(c),
+            Checks::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Checks {
+    fn deref_mut(&mut self) -> &mut [Check] {
+        match self {
+            Checks::None => &mut [],
+            Checks::One(c) => std::slice::from_mut(c),
+            Checks::Many(v) => v,
+        }
+    }
+}
+
+/// A request that passed: its charges (for the headers and a refund) and how long to hold it.
+pub(super) struct Passed {
+    pub(super) checks: Checks,
+    pub(super) cost: u64,
+    pub(super) delay: u64,
+}
+
+/// The limits of one request (its plan, then each matching rule) as the engine's
+/// all-or-nothing routine drives them: each decided with [`Limiter::charge_detailed`] (so each
+/// reports its parts for the headers), in order, its check kept at its index.
+struct RequestLimits<'a, C: Clock> {
+    limiter: &'a Limiter<HttpKey, C>,
+    cost: u64,
+    /// Each limit's key and plan, taken when it is decided.
+    todo: Vec<Option<(HttpKey, PlanId)>>,
+    checks: Checks,
+}
+
+impl<C: Clock> Limits for RequestLimits<'_, C> {
+    type Error = Error;
+
+    fn len(&self) -> usize {
+        self.todo.len()
+    }
+
+    fn charge(&mut self, i: usize, peek: bool) -> Result<bool, Error> {
+        let (key, plan) = self.todo[i].take().expect("each limit is decided once");
+        let mode = if peek { Mode::Peek } else { Mode::Check };
+        let detailed = self.limiter.charge_detailed(&key, plan, self.cost, mode)?;
+        if peek {
+            // Never charged: its plan counts the request as denied elsewhere.
+            self.limiter.recount(plan, None, true);
+        }
+        let allowed = detailed.decision.is_allowed();
+        self.checks.push(Check {
+            key,
+            plan,
+            detailed,
+        });
+        Ok(allowed)
+    }
+
+    fn refund(&mut self, i: usize, report: bool) {
+        let c = &mut self.checks[i];
+        // The admission is counted as denied elsewhere (`report`), or nowhere (a failure).
+        let counted = Count::of(&c.detailed.decision);
+        self.limiter.recount(c.plan, Some(counted), report);
+        if let Some(undo) = c.detailed.undo.take() {
+            self.limiter
+                .take_back(&c.key, undo, self.limiter.clock().now());
+        }
+        if report {
+            self.limiter
+                .refunded_detailed(&c.key, c.plan, self.cost, &mut c.detailed);
+        }
+    }
+}
+
+fn undo_all<C: Clock>(limiter: &Limiter<HttpKey, C>, checks: &mut [Check]) {
+    for c in checks.iter_mut().rev() {
+        if let Some(undo) = c.detailed.undo.take() {
+            limiter.take_back(&c.key, undo, limiter.clock().now());
+        }
+    }
+}
+
+/// Refunds `checks` of `cost` each; their decisions then report what the keys hold without
+/// the request.
+pub(super) fn refund_all<C: Clock>(limiter: &Limiter<HttpKey, C>, checks: &mut [Check], cost: u64) {
+    undo_all(limiter, checks);
+    for c in checks {
+        limiter.refunded_detailed(&c.key, c.plan, cost, &mut c.detailed);
+    }
+}

@@ -1,0 +1,567 @@
+//! The tower layer: keys, plans, rules, strategies, headers, 429s.
+//!
+//! This file holds the layer, how it is built, and its hooks. A request goes through
+//! `service.rs` (the tower service and its request paths, the plain path among them),
+//! `front.rs` (its key, its plan and its exemption), `charge.rs` (its limits charged, and the
+//! verdict) and `response.rs` (the headers, the layer's own answers, the response future).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::HeaderName;
+use http::{Response, StatusCode};
+use http_body_util::Full;
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::decision::Decision;
+use crate::error::Error;
+use crate::http::config::{HttpConfig, KeySource};
+use crate::http::keys::ClientKey;
+use crate::http::metrics::{Exposition, HttpCounters};
+use crate::limiter::Limiter;
+use crate::plan::PlanId;
+use crate::quota::Quota;
+use crate::sweep::Sweeper;
+
+mod charge;
+mod front;
+mod response;
+mod service;
+
+pub use front::HttpKey;
+pub use response::{RateLimitBody, ResponseFuture};
+pub use service::RateLimit;
+
+use response::Policy;
+
+/// A resolver's answer: the plan name, or `None` for the default plan.
+pub type PlanFuture = Pin<Box<dyn Future<Output = Option<String>> + Send + 'static>>;
+
+type Resolver = dyn Fn(&http::request::Parts, &ClientKey) -> PlanFuture + Send + Sync;
+type UserFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
+type KeyFn =
+    dyn Fn(&http::request::Parts) -> Result<ClientKey, Box<Response<Full<Bytes>>>> + Send + Sync;
+type DenyFn = dyn Fn(&Denied<'_>) -> Response<Full<Bytes>> + Send + Sync;
+type CostFn = dyn Fn(&http::request::Parts) -> u64 + Send + Sync;
+type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// The caller's functions, shared by the layer's clones.
+#[derive(Clone, Default)]
+struct Hooks {
+    resolver: Option<Arc<Resolver>>,
+    user: Option<Arc<UserFn>>,
+    key: Option<Arc<KeyFn>>,
+    denied: Option<Arc<DenyFn>>,
+    cost: Option<Arc<CostFn>>,
+    refund: Option<Arc<RefundFn>>,
+}
+
+/// A denied request, as a custom denial response ([`RateLimitLayer::on_denied`]) sees it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Denied<'a> {
+    /// The request's head.
+    pub request: &'a http::request::Parts,
+    /// The client the request was keyed by.
+    pub client: &'a ClientKey,
+    /// The name of the limit that denied: the plan's, or the rule's.
+    pub limit: &'a str,
+    /// The denying limit's decision (its `retry_after`, `limit`, `reason`).
+    pub decision: Decision,
+    /// The layer's own message, as its JSON body would say it.
+    pub message: &'a str,
+}
+
+/// A plan as the headers and the 429 message describe it.
+#[derive(Debug)]
+struct PlanInfo {
+    quotas: Vec<Quota>,
+    /// The plan as a client's own limit (labelled with the plan's name).
+    policy: Policy,
+}
+
+/// A rule with its plans resolved to ids.
+#[derive(Debug)]
+struct CompiledRule {
+    rule: crate::http::config::Rule,
+    plan: PlanId,
+    /// Client plan → this rule's plan for that client.
+    tiers: HashMap<PlanId, PlanId>,
+    /// This rule's policy under each plan it can use.
+    policies: HashMap<PlanId, Policy>,
+}
+
+/// What the layer shares between clones.
+struct Core<C: Clock> {
+    limiter: Arc<Limiter<HttpKey, C>>,
+    config: HttpConfig,
+    /// By plan id (its index): each configured plan.
+    plans: Vec<Option<PlanInfo>>,
+    default_plan: PlanId,
+    api_key_plans: HashMap<String, PlanId>,
+    rules: Vec<CompiledRule>,
+    api_key_header: HeaderName,
+    counters: HttpCounters,
+    /// Set by the first request that arrives without a peer address (the one warning).
+    warned_no_peer: std::sync::Once,
+    /// The recorder `/metrics` renders.
+    exposition: Exposition,
+    /// Exact mode on Redis (`mode = "exact"`): the limiter decides each plan in one script
+    /// there ([`Limiter::check_in_async`]).
+    #[cfg(feature = "redis")]
+    exact: bool,
+    /// Stops and joins the background sweeper when the last clone drops.
+    _sweeper: Option<Sweeper>,
+}
+
+/// A `tower::Layer` that rate-limits HTTP requests (axum 0.8, hyper 1, tonic: anything with
+/// `http::Request` in and `http::Response` out).
+///
+/// Every request is checked against its client's plan (resolved per request) and every matching
+/// [`Rule`](crate::http::Rule) (per route, shared, global), all or nothing: when one denies, the
+/// others are refunded. Denied requests get a 429 with `Retry-After` and a JSON body; every
+/// response gets the configured [`HeaderStyle`](crate::http::HeaderStyle). Each plan's strategy applies: hard (429), soft
+/// (passed with a `Warning` header), queue (held until its reservation, at most `max_delay`),
+/// priority (a plan's `headroom` on shared rules, with per-tier plans).
+///
+/// The peer address comes from axum's `ConnectInfo<SocketAddr>` (serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`) or a `SocketAddr` extension (insert
+/// it yourself with hyper).
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use tollgate::http::{HttpConfig, RateLimitLayer};
+/// let config = HttpConfig::parse("[plans.free]\nlimit = 100\nwindow = \"1h\"\n").unwrap();
+/// let layer = RateLimitLayer::new(config).unwrap();
+/// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(layer.clone());
+/// assert_eq!(layer.limiter().len(), 0);
+/// # let _ = app;
+/// ```
+pub struct RateLimitLayer<C: Clock = MonotonicClock> {
+    /// One `Arc` for everything, so cloning the layer's service (axum clones it for every
+    /// request) is one reference count, not one per part.
+    shared: Arc<Shared<C>>,
+}
+
+/// What a layer's clones share: the core, and the hooks (a clone given a hook of its own gets
+/// its own copy of this, still sharing the core).
+struct Shared<C: Clock> {
+    core: Arc<Core<C>>,
+    hooks: Hooks,
+    /// Requests can take the plain path ([`RateLimitLayer::plain_key`]).
+    plain: bool,
+}
+
+impl<C: Clock> Shared<C> {
+    fn new(core: Arc<Core<C>>, hooks: Hooks) -> Self {
+        // Nothing but the address keys a request, and nothing reads its head: no hook that takes
+        // the head (a custom denial and a refund come after the charge), no exempt network, no
+        // rule, no Redis call.
+        let c = &core.config;
+        #[cfg(feature = "redis")]
+        let local = !core.exact;
+        #[cfg(not(feature = "redis"))]
+        let local = true;
+        let plain = local
+            && c.key == [KeySource::Ip]
+            && c.exempt.is_empty()
+            && core.rules.is_empty()
+            && hooks.resolver.is_none()
+            && hooks.key.is_none()
+            && hooks.user.is_none()
+            && hooks.cost.is_none();
+        Shared { core, hooks, plain }
+    }
+}
+
+impl<C: Clock> Clone for Shared<C> {
+    fn clone(&self) -> Self {
+        Shared::new(Arc::clone(&self.core), self.hooks.clone())
+    }
+}
+
+impl<C: Clock> Clone for RateLimitLayer<C> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl RateLimitLayer<MonotonicClock> {
+    /// A layer on the monotonic clock; every name the config uses is checked here.
+    ///
+    /// ```
+    /// use tollgate::http::{HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 60\nwindow = \"1m\"\n[http]\nkey = \"ip\"\n")?;
+    /// let layer = RateLimitLayer::new(config)?;
+    /// assert_eq!(layer.limiter().plan_names(), ["free"]);
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn new(config: HttpConfig) -> Result<Self, Error> {
+        Self::with_clock(config, MonotonicClock::process())
+    }
+}
+
+impl<C: Clock> RateLimitLayer<C> {
+    /// A layer on `clock` (a [`FakeClock`](crate::FakeClock) in tests).
+    pub fn with_clock(config: HttpConfig, clock: C) -> Result<Self, Error> {
+        config.validate()?;
+        let limiter = build_limiter(&config, clock)?;
+        #[cfg(feature = "redis")]
+        let exact = limiter.is_exact();
+        let id = |name: &str| {
+            limiter
+                .plan(name)
+                .ok_or_else(|| Error::UnknownPlan(name.to_string()))
+        };
+        let plans = plan_infos(&config, &id)?;
+        let default_plan = match &config.default_plan {
+            Some(name) => id(name)?,
+            None => limiter.default_plan_id(),
+        };
+        let mut api_key_plans = HashMap::new();
+        for (key, plan) in &config.api_keys {
+            api_key_plans.insert(key.clone(), id(plan)?);
+        }
+        let rules = compile_rules(&config, &plans, &id)?;
+        let api_key_header =
+            HeaderName::from_bytes(config.api_key_header.as_bytes()).map_err(|_| {
+                Error::Config {
+                    line: None,
+                    message: format!(
+                        "http.api_key_header: '{}' is not a header name",
+                        config.api_key_header
+                    ),
+                }
+            })?;
+        let sweeper = config
+            .sweep_interval
+            .map(|every| limiter.start_sweeper(every));
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared::new(
+                Arc::new(Core {
+                    limiter,
+                    config,
+                    plans,
+                    default_plan,
+                    api_key_plans,
+                    rules,
+                    api_key_header,
+                    counters: HttpCounters::default(),
+                    warned_no_peer: std::sync::Once::new(),
+                    exposition: Exposition::new(),
+                    #[cfg(feature = "redis")]
+                    exact,
+                    _sweeper: sweeper,
+                }),
+                Hooks::default(),
+            )),
+        })
+    }
+
+    /// Resolves each request's plan (for example API key → plan from a database). The closure
+    /// runs on the request's head and key and returns a `'static` future: copy what it needs
+    /// from the request before the `async` block. An unknown plan name falls back to the
+    /// default plan (and counts in the metrics). Without a resolver, the config's `api_keys`
+    /// table is used.
+    ///
+    /// With `api_key` among the key sources, `None` for a key means the key is *unknown*: it is
+    /// no client identity, and the request is keyed as one without a key ([`OnBadKey`]: by
+    /// client address under the default plan, or rejected). Answer the default plan's name for
+    /// a known key on the default plan.
+    ///
+    /// [`OnBadKey`]: crate::http::OnBadKey
+    ///
+    /// ```
+    /// use tollgate::http::{ClientKey, HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = 60\n[plans.pro]\nlimit = 1000\nwindow = 60\n").unwrap();
+    /// let layer = RateLimitLayer::new(config).unwrap().resolver(|parts, _client: &ClientKey| {
+    ///     let pro = parts.headers.get("x-api-key").is_some_and(|k| k == "secret");
+    ///     Box::pin(async move { pro.then(|| "pro".to_string()) })
+    /// });
+    /// # let _ = layer;
+    /// ```
+    pub fn resolver<F>(mut self, resolve: F) -> Self
+    where
+        F: Fn(&http::request::Parts, &ClientKey) -> PlanFuture + Send + Sync + 'static,
+    {
+        self.set_hook(|h| h.resolver = Some(Arc::new(resolve)));
+        self
+    }
+
+    /// The authenticated user of a request (for [`KeySource::User`]), typically from an
+    /// extension your auth layer inserted. `None` means not authenticated.
+    pub fn user<F>(mut self, extract: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.set_hook(|h| h.user = Some(Arc::new(extract)));
+        self
+    }
+
+    /// Keys requests by your own function of the request head instead of the configured
+    /// sources: a key, or a (boxed) response that rejects the request (counted as a bad-key
+    /// rejection). Its keys are taken as given (no [`OnBadKey`] fallback, no unknown-key test).
+    ///
+    /// [`OnBadKey`]: crate::http::OnBadKey
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Response, StatusCode};
+    /// use http_body_util::Full;
+    /// use tollgate::http::{ClientKey, HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1m\"\n")?;
+    /// let layer = RateLimitLayer::new(config)?.key_extractor(|parts| {
+    ///     match parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()) {
+    ///         Some(tenant) => Ok(ClientKey::User(tenant.into())),
+    ///         None => {
+    ///             let mut no = Response::new(Full::new(Bytes::from("tenant required")));
+    ///             *no.status_mut() = StatusCode::UNAUTHORIZED;
+    ///             Err(Box::new(no))
+    ///         }
+    ///     }
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn key_extractor<F>(mut self, extract: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> Result<ClientKey, Box<Response<Full<Bytes>>>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.set_hook(|h| h.key = Some(Arc::new(extract)));
+        self
+    }
+
+    /// Answers denials with your own response (status, body, headers) instead of the JSON 429
+    /// or the gRPC status. The layer adds `Retry-After` and the configured rate-limit headers
+    /// wherever your response does not set them itself.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Response, StatusCode};
+    /// use http_body_util::Full;
+    /// use tollgate::http::{HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1m\"\n")?;
+    /// let layer = RateLimitLayer::new(config)?.on_denied(|denied| {
+    ///     let body = format!("slow down: {} ({} s)", denied.limit, denied.decision.retry_after().as_secs());
+    ///     let mut resp = Response::new(Full::new(Bytes::from(body)));
+    ///     *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    ///     resp
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn on_denied<F>(mut self, respond: F) -> Self
+    where
+        F: Fn(&Denied<'_>) -> Response<Full<Bytes>> + Send + Sync + 'static,
+    {
+        self.set_hook(|h| h.denied = Some(Arc::new(respond)));
+        self
+    }
+
+    /// Charges each request `cost(head)` units instead of one, on the client's plan and on
+    /// every rule (a request weight, a batch size). A cost of 0 passes uncharged; a cost no
+    /// limit could ever hold is denied with no `Retry-After`.
+    ///
+    /// ```
+    /// use tollgate::http::{HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 100\nwindow = \"1m\"\n")?;
+    /// // A batch endpoint costs one unit per item it asks for.
+    /// let layer = RateLimitLayer::new(config)?.cost(|parts| {
+    ///     parts.headers.get("x-batch-size")
+    ///         .and_then(|v| v.to_str().ok()?.parse().ok())
+    ///         .unwrap_or(1)
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn cost<F>(mut self, cost: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> u64 + Send + Sync + 'static,
+    {
+        self.set_hook(|h| h.cost = Some(Arc::new(cost)));
+        self
+    }
+
+    /// Refunds a passed request's charge once the inner service has answered, when `refund`
+    /// says so of the status: for example, server errors do not count against the client.
+    /// What is refunded is what is left of the charge (a bucket that has drained since gets
+    /// back only the rest), and the response's headers count the refund.
+    ///
+    /// ```
+    /// use tollgate::http::{HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 100\nwindow = \"1m\"\n")?;
+    /// let layer = RateLimitLayer::new(config)?.refund_when(|status| status.is_server_error());
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn refund_when<F>(mut self, refund: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.set_hook(|h| h.refund = Some(Arc::new(refund)));
+        self
+    }
+
+    /// Sets a hook on this layer (its clones made before keep theirs).
+    fn set_hook(&mut self, set: impl FnOnce(&mut Hooks)) {
+        let shared = Arc::make_mut(&mut self.shared);
+        set(&mut shared.hooks);
+        *shared = Shared::new(Arc::clone(&shared.core), std::mem::take(&mut shared.hooks));
+    }
+
+    /// The limiter behind the layer (for stats, `block`, `reset`, or checks of your own).
+    pub fn limiter(&self) -> &Arc<Limiter<HttpKey, C>> {
+        &self.shared.core.limiter
+    }
+
+    /// The counters in the Prometheus text format: the limiter's totals, each plan's decisions
+    /// (`tollgate_plan_decisions_total{plan, outcome}`), each rule's states and evictions
+    /// (`tollgate_rule_keys{rule}`, `tollgate_rule_evictions_total{rule}`) and the layer's own
+    /// `tollgate_http_*` counters, rendered by metrics-exporter-prometheus.
+    ///
+    /// ```
+    /// use tollgate::http::{HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1m\"\n")?;
+    /// let layer = RateLimitLayer::new(config)?;
+    /// let text = layer.metrics();
+    /// assert!(text.contains("tollgate_plan_decisions_total{plan=\"free\",outcome=\"allowed\"} 0"));
+    /// assert!(text.contains("tollgate_http_requests_total 0"));
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn metrics(&self) -> String {
+        self.shared.core.exposition.render(|| self.publish_to(&[]))
+    }
+
+    /// Publishes the same counters through the `metrics` facade (feature `metrics`), labelled
+    /// `limiter = name`, under the names [`metrics`](Self::metrics) renders.
+    pub fn publish_metrics(&self, name: &str) {
+        self.publish_to(&crate::stats::publish::limiter(name));
+    }
+
+    fn publish_to(&self, base: &[metrics::Label]) {
+        let limiter = &self.shared.core.limiter;
+        crate::stats::publish::totals(base, &limiter.stats());
+        crate::stats::publish::breakdown(base, &limiter.plan_stats(), &limiter.rule_stats());
+        self.shared.core.counters.publish(base);
+    }
+}
+
+/// The layer's limiter: the config's plans, `max_keys` and Redis mode, on `clock`.
+fn build_limiter<C: Clock>(
+    config: &HttpConfig,
+    clock: C,
+) -> Result<Arc<Limiter<HttpKey, C>>, Error> {
+    let mut builder = Limiter::<HttpKey>::builder().clock(clock);
+    if let Some(n) = config.max_keys {
+        builder = builder.max_keys(n);
+    }
+    for (name, plan) in &config.plans {
+        builder = builder.plan(name.clone(), plan.clone());
+    }
+    #[cfg(feature = "redis")]
+    if let Some(redis) = config.redis.clone() {
+        builder = if config.redis_exact {
+            exact_serves(config)?;
+            builder.redis_exact(redis)
+        } else {
+            builder.redis_synced(redis)
+        };
+    }
+    builder.build_shared()
+}
+
+/// Each configured plan as the headers and the 429 message describe it, by plan id (its index);
+/// `id` names a plan's id.
+fn plan_infos(
+    config: &HttpConfig,
+    id: &impl Fn(&str) -> Result<PlanId, Error>,
+) -> Result<Vec<Option<PlanInfo>>, Error> {
+    let mut plans: Vec<Option<PlanInfo>> = Vec::new();
+    for (name, plan) in &config.plans {
+        let at = id(name)?.index();
+        if plans.len() <= at {
+            plans.resize_with(at + 1, || None);
+        }
+        plans[at] = Some(PlanInfo {
+            quotas: plan.quotas().to_vec(),
+            policy: Policy::new(name, plan.quotas()),
+        });
+    }
+    Ok(plans)
+}
+
+/// The config's rules with their plans resolved to ids (`id`) and their policies made.
+fn compile_rules(
+    config: &HttpConfig,
+    plans: &[Option<PlanInfo>],
+    id: &impl Fn(&str) -> Result<PlanId, Error>,
+) -> Result<Vec<CompiledRule>, Error> {
+    if config.rules.len() > usize::from(u16::MAX) {
+        return Err(Error::Config {
+            line: None,
+            message: format!("http: {} rules; at most {}", config.rules.len(), u16::MAX),
+        });
+    }
+    let mut rules = Vec::new();
+    for r in &config.rules {
+        let mut tiers = HashMap::new();
+        for (client, plan) in &r.tiers {
+            tiers.insert(id(client)?, id(plan)?);
+        }
+        let plan = id(&r.plan)?;
+        let mut policies = HashMap::new();
+        for p in tiers.values().copied().chain([plan]) {
+            let quotas = plan_info(plans, p).map_or(&[][..], |i| &i.quotas[..]);
+            policies.insert(p, Policy::new(&r.name, quotas));
+        }
+        rules.push(CompiledRule {
+            rule: r.clone(),
+            plan,
+            tiers,
+            policies,
+        });
+    }
+    Ok(rules)
+}
+
+/// What exact mode serves: each client's own plan (tiers and strategies included); route and
+/// global rules are synced mode's, an error here.
+#[cfg(feature = "redis")]
+fn exact_serves(config: &HttpConfig) -> Result<(), Error> {
+    if config.rules.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Config {
+        line: None,
+        message: "redis: mode = \"exact\" serves each client's own plan; route and global rules \
+                  need mode = \"synced\""
+            .into(),
+    })
+}
+
+/// The layer's view of plan `id`.
+fn plan_info(plans: &[Option<PlanInfo>], id: PlanId) -> Option<&PlanInfo> {
+    plans.get(id.index()).and_then(Option::as_ref)
+}
+
+impl<C: Clock + std::fmt::Debug> std::fmt::Debug for RateLimitLayer<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("limiter", &self.shared.core.limiter)
+            .field("plan_resolver", &self.shared.hooks.resolver.is_some())
+            .field("user_fn", &self.shared.hooks.user.is_some())
+            .field("key_extractor", &self.shared.hooks.key.is_some())
+            .field("on_denied", &self.shared.hooks.denied.is_some())
+            .field("cost_fn", &self.shared.hooks.cost.is_some())
+            .field("refund_when", &self.shared.hooks.refund.is_some())
+            .finish_non_exhaustive()
+    }
+}
