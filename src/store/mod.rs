@@ -9,7 +9,6 @@ pub(crate) mod dash;
 pub(crate) mod flat;
 #[cfg(tollgate_loom)]
 pub(crate) mod loom_dash;
-mod word;
 
 use crate::algo::Rule;
 use crate::cell::Cell;
@@ -18,11 +17,11 @@ use crate::sync::{AtomicUsize, Ordering};
 #[cfg(not(tollgate_loom))]
 pub(crate) use dash::DashStore;
 pub(crate) use flat::FlatStore;
+pub(crate) use flat::Kept;
 /// Under loom, dashmap's own locks are invisible to the model checker (and would block it): the
 /// same protocol on loom's `RwLock` stands in.
 #[cfg(tollgate_loom)]
 pub(crate) use loom_dash::LoomDashStore as DashStore;
-pub(crate) use word::Kept;
 
 /// Which concurrent map holds a limiter's keys (see [`Builder::store`](crate::Builder::store)).
 ///

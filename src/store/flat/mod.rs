@@ -81,6 +81,10 @@ use super::{Fresh, Full, OnFull, RuleId, Store, rule_hash, rule_of};
 use crate::cell::Cell;
 use crate::sync::{self, AtomicPair, AtomicU8, AtomicUsize, Ordering, RwLock};
 
+mod word;
+
+pub(crate) use word::Kept;
+
 /// Slots per probe group: 4 x 16 bytes, one 64-byte cache line.
 const GROUP: usize = 4;
 
