@@ -249,17 +249,14 @@ pub(crate) fn apply_inline(
         (Kind::Gcra, Mode::Check) => swap_then_decide(slot, word, |s| {
             algo::gcra::decide(s, now, cost, rule, headroom)
         })?,
-        // The fixed window's check, the same way (one thread, 1,000 keys, a check that keeps
-        // the whole decision: 37 -> 29.5 ns allowed, 30 -> 24 denied). Not the sliding
-        // counter's: its decision divides in u128 (calls the compiler does not merge), so
-        // taking it again after a denial cost more than the loop saved.
+        // The fixed window's check, the same way: its decision is cheap enough to take twice,
+        // and a loop that carries the whole decision costs more than taking it again.
         (Kind::Fixed, Mode::Check) => swap_then_decide(slot, word, |s| {
             algo::fixed::decide(s, now, cost, rule, headroom)
         })?,
-        // The sliding counter's decision is dearer (a 128-by-64 division): taking it twice cost
-        // more than the loop saved (364 -> 415 instructions an admission), so the loop keeps
-        // the whole decision, but on its own arm, not through `decide_word`'s match (one
-        // thread, 1,000 keys: 364 -> 330 instructions an admission, 354 -> 320 a denial).
+        // The sliding counter's decision is dearer (a 128-by-64 division): taking it twice
+        // costs more than the loop saves, so the loop keeps the whole decision, but on its own
+        // arm, so that its step is the algorithm's decision alone, not `decide_word`'s match.
         (Kind::Sliding, Mode::Check) => {
             let (decision, _, retries) = update_word_from(slot, word, |s| {
                 algo::sliding::decide(s, now, cost, rule, headroom)

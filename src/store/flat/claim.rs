@@ -128,8 +128,7 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                 .store(shard.used.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         }
         // Release: publishes the state with the tag (pairs with `find`'s Acquire). A plain
-        // store, not a swap (one locked instruction fewer per new key; 1M keys through
-        // `check_many`, one thread, 90.6-102.0 -> 77.4-78.3 ns a new key): every other write to
+        // store, not a swap (one locked instruction fewer per new key): every other write to
         // a slot is a swap from a live tag (a charge, a removal, a spill), so a free slot is
         // written only by claims, which hold this lock. On x86_64 with AVX the store is one
         // 16-byte `vmovdqa`, atomic like the swaps and loads it meets.

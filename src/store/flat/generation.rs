@@ -10,8 +10,8 @@ use crate::sync::{AtomicU8, Ordering};
 
 /// A generation's tables (all shards') at least this large ask for transparent huge pages when
 /// the first shard grows into them: a grown table is dense (every 4 KiB page holds dozens of
-/// states), so huge pages cost no memory that 4 KiB pages would not, and spare TLB misses (a
-/// 3.9 MiB generation in 4 KiB pages made a check of 100,000 keys 5-15% slower).
+/// states), so huge pages cost no memory that 4 KiB pages would not, and spare the TLB misses
+/// that random probes of a table this large take in 4 KiB pages.
 #[cfg(not(tollgate_loom))]
 const HUGE_TABLE_BYTES: usize = 2 << 20;
 /// The size (and alignment) of a transparent huge page on x86-64 and most arm64 kernels.
@@ -27,11 +27,10 @@ const HUGE_PAGE: usize = 2 << 20;
 /// group whose count is 0 stops there. `EMPTY` slots also end a probe, but removals leave
 /// `TOMB`s, so in a table whose keys come and go (clients arrive, go quiet, are swept) the
 /// `EMPTY`s run out, and without the counts every lookup of a key not in its home group, and
-/// every new key (twice: once without the lock and once under it), probed the shard's whole
-/// reach. One thread, 1M keys, each round new keys filling the table and swept away, rounds 0
-/// to 5 on the 2-core AMD VM: a new key 217, 297, 538, 884, 1303, 1394 ns, a lookup of an
-/// absent key 191 to 757 ns; with the counts both stay at their first round's cost. One byte a
-/// group (0.3 bytes a key at the cap).
+/// every new key (twice: once without the lock and once under it), would probe the shard's
+/// whole reach, dearer with every round of keys that came and went; with the counts both stay
+/// at what they cost in a table that never had a removal. One byte a group (0.3 bytes a key at
+/// the cap).
 ///
 /// Outside loom they live in an anonymous memory map, which the operating system hands out
 /// zeroed and maps page by page as keys first land on them: reserving every generation up to
@@ -46,8 +45,8 @@ pub(super) struct Groups {
     #[cfg(not(tollgate_loom))]
     map: memmap2::MmapMut,
     /// The first group, in `map` (a large generation starts on a 2 MiB boundary): kept as a
-    /// pointer, since adding an offset to the map's address on every lookup cost a load and an
-    /// add (2.5 instructions a hot-key denial, callgrind).
+    /// pointer, so that a lookup does not add an offset to the map's address (a load and an
+    /// add on every lookup).
     #[cfg(not(tollgate_loom))]
     first: *const Group,
     /// The pass counts, one a group, in `map` after the groups.
@@ -90,12 +89,11 @@ impl Groups {
             // Large tables are probed at random: 2 MiB pages spare most TLB misses. The kernel
             // backs only whole, aligned 2 MiB ranges with them, so a large generation is mapped
             // with 2 MiB to spare and starts on a boundary: all of it but the tail (less than
-            // 2 MiB) can then be in huge pages, where an unaligned start lost a partial page at
-            // each end (3.4 of 19.4 MB at a million keys; aligning took a denial there from
-            // 91-131 to 87-93 ns and a new key from 197-216 to 175-194, a one-thread loop on
-            // this VM). Only whole huge pages are advised, so the slack is never touched. The
-            // advice is a hint (the kernel may not have transparent huge pages). The first
-            // generation keeps 4 KiB pages, so an idle limiter stays cheap.
+            // 2 MiB) can then be in huge pages, where an unaligned start loses a partial page at
+            // each end (3.4 of 19.4 MB at a million keys). Only whole huge pages are advised, so
+            // the slack is never touched. The advice is a hint (the kernel may not have
+            // transparent huge pages). The first generation keeps 4 KiB pages, so an idle
+            // limiter stays cheap.
             let huge = bytes >= HUGE_TABLE_BYTES;
             let slack = if huge { HUGE_PAGE } else { 0 };
             let map = memmap2::MmapMut::map_anon(bytes.checked_add(slack)?).ok()?;

@@ -46,12 +46,12 @@
 //! `max_keys` is a cap, not a preallocation. Each shard starts with a small table (128 to 255
 //! groups of four slots, 8-16 KiB) and grows, one shard at a time, into a table twice as large
 //! when a claim would take it past half its slots ([`GROW_PERCENT`]), up to the last
-//! generation, sized for the cap as the whole table used to be: about 19.4-19.9 bytes per key
-//! there (16-byte slots at most ~84% full, a one-byte pass count per 64-byte group, slack for
-//! uneven shards, less at most 1/128 for the doubling steps; a cap of at most 16 Ki keys is
-//! sized at 45% instead, 36-50 bytes per key, at most ~580 KiB in all, so most keys sit in the
-//! first slot they probe). Below the cap a shard's table is 25-50% full, so most keys sit in
-//! the first slot they probe: 32-65 bytes per state.
+//! generation, sized for the cap: about 19.4-19.9 bytes per key there (16-byte slots at most
+//! ~84% full, a one-byte pass count per 64-byte group, slack for uneven shards, less at most
+//! 1/128 for the doubling steps; a cap of at most 16 Ki keys is sized at 45% instead, 36-50
+//! bytes per key, at most ~580 KiB in all, so most keys sit in the first slot they probe).
+//! Below the cap a shard's table is 25-50% full, so most keys sit in the first slot they
+//! probe: 32-65 bytes per state.
 //!
 //! Every generation's tables (all shards') are one anonymous mapping, reserved when the store
 //! is built (address space only: the operating system hands out pages zeroed, as they are
@@ -145,9 +145,8 @@ const PASSES_STUCK: u8 = u8::MAX;
 const LOAD_PERCENT: usize = 84;
 /// Used slots (live and removed) per hundred past which a shard grows into its next table
 /// (below the cap). A table between 25% and 50% full keeps most keys in the first slot their
-/// probe reads; grown at 84%, tables of 42-84% made a compound plan's check 20-30% slower
-/// (`benches/plans.rs`, 100,000 keys in a limiter for 400,000 states) than the cap-sized
-/// table it replaced, for half the memory of this.
+/// probe reads; a fuller one (grown at the cap's load, [`LOAD_PERCENT`]) saves memory, but
+/// costs every check a slot or group more, which a compound plan's check pays for each part.
 const GROW_PERCENT: usize = 50;
 /// The same for a table of at most [`SMALL_KEYS`] keys: it stays within a 1-2 MiB L2 cache
 /// either way, so the lower load costs ~270 KiB at most and keeps most keys in their first slot.

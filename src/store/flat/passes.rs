@@ -10,10 +10,10 @@ use crate::sync::{self, AtomicPair, Ordering};
 /// drops by `wraps` plus the sum of the first `g + 1` entries of `diffs` (each removed key that
 /// lay beyond its home adds 1 at its home and takes 1 off at its own group, and adds 1 to
 /// `wraps` when its probe wrapped around the shard's end). Kept in the lock-free loop without a
-/// branch on where the key lay and paid under the lock at its end in one pass; a decrement per
-/// group passed, as each removal went, cost a sweep that removes every key 3.7 ns a key more on
-/// the 2-core AMD VM (9.3 -> 13.0), half of it a mispredicted walk per displaced key. The wraps
-/// are apart from `diffs[0]` so that removals do not all update one word in turn (a chain of
+/// branch on where the key lay and paid under the lock at its end in one pass: a decrement per
+/// group passed, as each removal went, is a walk per displaced key, of a length the branch
+/// predictor cannot guess, in the loop that should cost a swap per key. The wraps are apart
+/// from `diffs[0]` so that removals do not all update one word in turn (a chain of
 /// store-to-load forwards). `diffs` is empty until the first removal.
 pub(super) struct Uncounts {
     diffs: Vec<i32>,
@@ -82,9 +82,9 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     }
 
     /// Notes in `uncounts` the pass counts owed for the key that `removal` took out of its slot,
-    /// in a shard whose groups are `groups`. Inline and with no branch on where the key lay: out
-    /// of line, finding the shard again from the tag, it took a sweep that removes every key
-    /// from 6.8 to 12.5-13.3 ns a key on the 2-core Intel VM (removals in transactions).
+    /// in a shard whose groups are `groups`. Inline, with the groups the sweep loop already
+    /// holds, and with no branch on where the key lay: out of line, finding the shard again from
+    /// the tag, it came close to doubling what a sweep that removes every key costs a key.
     #[inline(always)]
     pub(super) fn owe(groups: &[Group], uncounts: &mut Uncounts, removal: &sync::PairSwap<'_>) {
         let at = (removal.pair() as *const AtomicPair as usize - groups.as_ptr() as usize)

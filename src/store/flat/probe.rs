@@ -92,9 +92,8 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// its home group is then found without a branch on its position: all four slots of the
     /// line are loaded (each one atomically, which is all a slot needs) and the one holding the
     /// key's tag is picked from a mask (a fingerprint is in at most one slot of a shard, so any
-    /// match is the key). Branching slot by slot mispredicted on a third of the lookups of a
-    /// full table, whose keys are in random positions (1,000 random keys in a table of 1,000:
-    /// a denial 30.3 -> 27.0 ns, together with the clock read's move in `Limiter::check`).
+    /// match is the key). Branching slot by slot mispredicts on about a third of the lookups of
+    /// a full table, whose keys are in random positions.
     /// The rest of the probe runs out of line ([`find_on`](Self::find_on)).
     ///
     /// The shard's table is read first (its word: see [`Shard::table`]). A lookup that meets a

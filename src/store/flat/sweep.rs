@@ -9,8 +9,8 @@ use crate::sync::{self, Ordering};
 
 /// Fresh keys a sweep removes in one hardware transaction, where the CPU has them: at most 32
 /// cache lines written, well inside what a transaction holds, and enough that its cost (about
-/// one locked instruction) is small against the removals' (32, 16-byte: 1.0-1.2 ns a slot in a
-/// bare loop on this project's machine, where 4 took 3.7 and a `lock cmpxchg16b` alone 5.6).
+/// one locked instruction) is spread thin: a batch removes a slot in about 1 ns, where one
+/// `lock cmpxchg16b` a removal costs several times that.
 const RTM_BATCH: usize = 32;
 /// Transactions in a row that may abort for a reason other than a changed slot before a sweep
 /// removes the rest of its shard one swap at a time.
@@ -77,8 +77,8 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
                     }
                     continue;
                 }
-                // Built in place: built first and moved in, the entry was stored in halves and
-                // loaded whole, a store-forwarding stall (43% of the sweep's samples).
+                // Built in place: built first and moved in, the entry is stored in halves and
+                // loaded whole, a store-forwarding stall.
                 batch.push(sync::PairSwap::new(slot, (t, word)));
                 if batch.len() == RTM_BATCH {
                     removed +=
