@@ -290,25 +290,37 @@ pub(crate) fn apply_inline_part(
     headroom: u64,
     mode: Mode,
 ) -> Option<Applied> {
-    apply_inline_from(slot, word, now, cost, rule, headroom, mode, |s| s)
+    let call = WordCall {
+        rule,
+        now,
+        cost,
+        headroom,
+        token: true,
+    };
+    apply_inline_from(slot, word, &call, mode, |s| s)
 }
 
 /// [`apply_inline_part`] deciding on `start(word)` instead of the slot's word (a synced fixed
 /// window starts at the other processes' share): what it writes is the decision's next state.
 /// As `swap_then_decide`, the loop computes next states only; the decision is taken once after
-/// it, from the state the outcome was decided on.
+/// it, from the state the outcome was decided on. `call` gives the rule, the moment, the cost
+/// and the headroom, `mode` what the call wants; `call.token` is not read: this always leaves
+/// the refund token of what it charged.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn apply_inline_from(
     slot: &impl Word,
     word: u64,
-    now: u64,
-    cost: u64,
-    rule: &Rule,
-    headroom: u64,
+    call: &WordCall<'_>,
     mode: Mode,
     start: impl Fn(u64) -> u64,
 ) -> Option<Applied> {
+    let WordCall {
+        now,
+        cost,
+        rule,
+        headroom,
+        ..
+    } = *call;
     if mode.is_peek() {
         let step = decide_word(start(word), now, cost, rule, headroom, mode.previewed());
         return Some(Applied {

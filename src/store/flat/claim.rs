@@ -21,6 +21,21 @@ pub(super) struct Free<'a> {
     empty: bool,
 }
 
+/// A shard whose write lock the caller holds, and its spill map (what the lock guards): what
+/// a claim needs to take a slot, evict, or grow the shard.
+pub(super) struct Locked<'l, K> {
+    shard: &'l Shard<K>,
+    spill: &'l mut Spill<K>,
+}
+
+impl<'l, K> Locked<'l, K> {
+    /// `shard`, with `spill` the map its held write lock guards.
+    #[inline]
+    pub(super) fn new(shard: &'l Shard<K>, spill: &'l mut Spill<K>) -> Self {
+        Locked { shard, spill }
+    }
+}
+
 impl<K: Hash + Eq + Clone> FlatStore<K> {
     /// Under `shard`'s write lock: the slot holding the key (inline or spilled), or the first
     /// free slot its probe passes (none when the shard's table is full).
@@ -78,19 +93,20 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         self.len.fetch_sub(n, Ordering::Relaxed);
     }
 
-    /// Claims a slot for a new key (under `shard`'s write lock), honouring the cap and the
-    /// `OnFull` policy. Writes `(tag, word)`.
-    #[allow(clippy::too_many_arguments)]
+    /// Claims a slot for a new key (under its shard's write lock: see [`Locked`]), honouring
+    /// the cap and the `OnFull` policy: `free` is the slot [`probe_locked`](Self::probe_locked)
+    /// found, if any. Writes `(tag, word)`, the tag of the key hashed to `hash` with the kind
+    /// `kind` ([`INLINE`] or [`SPILLED`]).
     pub(super) fn claim<'a>(
         &'a self,
-        shard: &Shard<K>,
+        locked: Locked<'_, K>,
         hash: u64,
         kind: u64,
         word: u64,
         mut free: Option<Free<'a>>,
         fresh: Fresh<'_>,
-        spill: &mut Spill<K>,
     ) -> Result<(), Full> {
+        let Locked { shard, spill } = locked;
         if !self.reserve() {
             let evicted = self.on_full == OnFull::EvictFresh
                 && (self.evict_one(hash, fresh) || self.evict_spilled(shard, fresh, spill));
@@ -249,7 +265,14 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         match self.probe_locked(shard, hash) {
             Ok(_) => Ok(false),
             Err(free) => self
-                .claim(shard, hash, INLINE, first, free, fresh, &mut claims)
+                .claim(
+                    Locked::new(shard, &mut claims),
+                    hash,
+                    INLINE,
+                    first,
+                    free,
+                    fresh,
+                )
                 .map(|()| true),
         }
     }

@@ -101,6 +101,7 @@ mod sweep;
 mod testing;
 mod word;
 
+use claim::Locked;
 use generation::Groups;
 use passes::Uncounts;
 
@@ -353,7 +354,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for FlatStore<K> {
             match self.probe_locked(shard, hash) {
                 // A marker with no cell (another key of this fingerprint went): start fresh.
                 Ok(_) => {}
-                Err(free) => self.claim(shard, hash, SPILLED, 0, free, fresh, &mut map)?,
+                Err(free) => {
+                    self.claim(Locked::new(shard, &mut map), hash, SPILLED, 0, free, fresh)?
+                }
             }
             map.insert(key.clone(), make());
         }
