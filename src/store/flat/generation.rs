@@ -6,7 +6,9 @@ use super::EMPTY;
 use super::Group;
 #[cfg(tollgate_loom)]
 use crate::sync::AtomicPair;
-use crate::sync::{AtomicU8, Ordering};
+use crate::sync::AtomicU8;
+#[cfg(not(tollgate_loom))]
+use crate::sync::Ordering;
 
 /// A generation's tables (all shards') at least this large ask for transparent huge pages when
 /// the first shard grows into them: a grown table is dense (every 4 KiB page holds dozens of
