@@ -249,17 +249,14 @@ pub(crate) fn apply_inline(
         (Kind::Gcra, Mode::Check) => swap_then_decide(slot, word, |s| {
             algo::gcra::decide(s, now, cost, rule, headroom)
         })?,
-        // The fixed window's check, the same way (one thread, 1,000 keys, a check that keeps
-        // the whole decision: 37 -> 29.5 ns allowed, 30 -> 24 denied). Not the sliding
-        // counter's: its decision divides in u128 (calls the compiler does not merge), so
-        // taking it again after a denial cost more than the loop saved.
+        // The fixed window's check, the same way: its decision is cheap enough to take twice,
+        // and a loop that carries the whole decision costs more than taking it again.
         (Kind::Fixed, Mode::Check) => swap_then_decide(slot, word, |s| {
             algo::fixed::decide(s, now, cost, rule, headroom)
         })?,
-        // The sliding counter's decision is dearer (a 128-by-64 division): taking it twice cost
-        // more than the loop saved (364 -> 415 instructions an admission), so the loop keeps
-        // the whole decision, but on its own arm, not through `decide_word`'s match (one
-        // thread, 1,000 keys: 364 -> 330 instructions an admission, 354 -> 320 a denial).
+        // The sliding counter's decision is dearer (a 128-by-64 division): taking it twice
+        // costs more than the loop saves, so the loop keeps the whole decision, but on its own
+        // arm, so that its step is the algorithm's decision alone, not `decide_word`'s match.
         (Kind::Sliding, Mode::Check) => {
             let (decision, _, retries) = update_word_from(slot, word, |s| {
                 algo::sliding::decide(s, now, cost, rule, headroom)
@@ -293,25 +290,37 @@ pub(crate) fn apply_inline_part(
     headroom: u64,
     mode: Mode,
 ) -> Option<Applied> {
-    apply_inline_from(slot, word, now, cost, rule, headroom, mode, |s| s)
+    let call = WordCall {
+        rule,
+        now,
+        cost,
+        headroom,
+        token: true,
+    };
+    apply_inline_from(slot, word, &call, mode, |s| s)
 }
 
 /// [`apply_inline_part`] deciding on `start(word)` instead of the slot's word (a synced fixed
 /// window starts at the other processes' share): what it writes is the decision's next state.
 /// As `swap_then_decide`, the loop computes next states only; the decision is taken once after
-/// it, from the state the outcome was decided on.
+/// it, from the state the outcome was decided on. `call` gives the rule, the moment, the cost
+/// and the headroom, `mode` what the call wants; `call.token` is not read: this always leaves
+/// the refund token of what it charged.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn apply_inline_from(
     slot: &impl Word,
     word: u64,
-    now: u64,
-    cost: u64,
-    rule: &Rule,
-    headroom: u64,
+    call: &WordCall<'_>,
     mode: Mode,
     start: impl Fn(u64) -> u64,
 ) -> Option<Applied> {
+    let WordCall {
+        now,
+        cost,
+        rule,
+        headroom,
+        ..
+    } = *call;
     if mode.is_peek() {
         let step = decide_word(start(word), now, cost, rule, headroom, mode.previewed());
         return Some(Applied {

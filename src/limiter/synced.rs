@@ -177,16 +177,15 @@ impl StateHook for SyncHook<'_> {
         _apply: impl FnOnce(&W, u64) -> Option<Applied>,
     ) -> Option<Applied> {
         let (track, rule, now) = (self.track, self.rule, self.now);
-        let a = cell::apply_inline_from(
-            slot,
-            word,
-            now,
-            self.cost,
+        let call = cell::WordCall {
             rule,
-            self.headroom,
-            self.mode,
-            |w| track.start(rule, w, now),
-        )?;
+            now,
+            cost: self.cost,
+            headroom: self.headroom,
+            token: true,
+        };
+        let a =
+            cell::apply_inline_from(slot, word, &call, self.mode, |w| track.start(rule, w, now))?;
         if a.token.is_some() {
             self.charged();
         }

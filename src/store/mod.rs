@@ -9,7 +9,6 @@ pub(crate) mod dash;
 pub(crate) mod flat;
 #[cfg(tollgate_loom)]
 pub(crate) mod loom_dash;
-mod word;
 
 use crate::algo::Rule;
 use crate::cell::Cell;
@@ -18,11 +17,11 @@ use crate::sync::{AtomicUsize, Ordering};
 #[cfg(not(tollgate_loom))]
 pub(crate) use dash::DashStore;
 pub(crate) use flat::FlatStore;
+pub(crate) use flat::Kept;
 /// Under loom, dashmap's own locks are invisible to the model checker (and would block it): the
 /// same protocol on loom's `RwLock` stands in.
 #[cfg(tollgate_loom)]
 pub(crate) use loom_dash::LoomDashStore as DashStore;
-pub(crate) use word::Kept;
 
 /// Which concurrent map holds a limiter's keys (see [`Builder::store`](crate::Builder::store)).
 ///
@@ -107,8 +106,7 @@ pub(crate) const RULE_MASK: u64 = 0xFF << RULE_SHIFT;
 /// key's hash with the rule's id in bits 2..10 (see [`RULE_SHIFT`]). Two keys of one rule then
 /// collide only where their hashes do, two rules of one key never, and every rule of a key has
 /// the key's shard and home group: a compound plan's parts sit in one cache line (a separate
-/// mix per rule put them a cache miss apart: a two-part plan on 100k keys, one thread, ran at
-/// 4.8-4.9 M calls a second).
+/// mix per rule would put them a cache miss apart).
 #[inline(always)]
 pub(super) fn rule_hash(h: u64, rule: RuleId) -> u64 {
     (h & !RULE_MASK) | (u64::from(rule) << RULE_SHIFT)

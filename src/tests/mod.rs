@@ -3,3 +3,4 @@
 mod engine;
 mod flat;
 mod plans;
+mod stores;

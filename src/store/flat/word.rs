@@ -5,16 +5,17 @@
 
 use std::hash::Hash;
 
-use super::flat::{FlatStore, Found};
-use super::{Fresh, Full, RuleId, rule_hash};
+use super::{FlatStore, Found};
 use crate::cell::{Applied, Inline, WordCall};
+use crate::store::{Fresh, Full, RuleId, rule_hash};
 
 /// How the store keeps a (key, rule) state, as one read found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kept {
     /// A word state holding this word.
     Word(u64),
-    /// A cell beside the table (a sliding log): read it through [`Store::with`](super::Store::with).
+    /// A cell beside the table (a sliding log): read it through
+    /// [`Store::with`](crate::store::Store::with).
     Cell,
     /// No state: the (key, rule) is fresh.
     Absent,
