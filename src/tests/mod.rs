@@ -1,5 +1,6 @@
 //! Cross-module tests: real threads, the table cap, sweeping, compound limits, plans, strategies.
 
+mod config;
 mod engine;
 mod flat;
 mod plans;

@@ -1,0 +1,157 @@
+//! Configuration mistakes are errors that name the value: plans' TOML (fields, lines, exact
+//! paths, durations) and the builder's ranges.
+
+use std::time::Duration;
+
+use crate::{Algorithm, Error, Limiter, PlanConfig, Quota};
+
+/// Dotted keys are TOML too: `free.limit = 10` under `[plans]` is the table `[plans.free]`,
+/// in file order like any other; and a type mistake inside an array of inline tables written
+/// over several lines is named by its exact path.
+#[test]
+fn config_dotted_keys_and_multiline_arrays() {
+    let dotted = PlanConfig::parse(
+        "[plans]\nfree.limit = 10\nfree.window = 60\npro.limit = 100\npro.window = 60\n",
+    )
+    .unwrap();
+    let tables = PlanConfig::parse(
+        "[plans.free]\nlimit = 10\nwindow = 60\n[plans.pro]\nlimit = 100\nwindow = 60\n",
+    )
+    .unwrap();
+    assert_eq!(dotted, tables);
+    assert_eq!(dotted.names(), ["free", "pro"]);
+    let src = "[plans.pro]\nlimits = [\n  { limit = 10, window = \"1s\" },\n  { limit = 100, window = \"1d\", burst = \"ten\" },\n]\n";
+    assert_eq!(
+        PlanConfig::parse(src).unwrap_err().to_string(),
+        "line 4: plans.pro.limits[1].burst: invalid type: string \"ten\", expected an integer"
+    );
+    let src = "[plans.pro]\nlimits = [\n  { limit = 10, window = \"1s\", burst = 0 },\n]\n";
+    assert_eq!(
+        PlanConfig::parse(src).unwrap_err().to_string(),
+        "line 3: plans.pro.limits[0].burst: must be at least 1, got 0"
+    );
+    let src = "[plans]\nfree.limit = 10\nfree.window = \"forever\"\n";
+    assert_eq!(
+        PlanConfig::parse(src).unwrap_err().to_string(),
+        "line 3: plans.free.window: must be a positive duration: whole seconds, or a string like \"500ms\", \"10s\", \"5m\", \"1h\", \"1d\", \"1m30s\", \"1.5s\""
+    );
+}
+
+#[test]
+fn plan_config_errors_name_field_and_line() {
+    let err = PlanConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1x\"\n").unwrap_err();
+    assert_eq!(err.to_string().split(':').next(), Some("line 3"));
+    assert!(err.to_string().contains("plans.free.window"), "{err}");
+    let err = PlanConfig::parse("[plans.free]\nlimit = 10\nwindow = 60\nalgorithm = \"magic\"\n")
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("line 4: plans.free.algorithm"),
+        "{err}"
+    );
+    let err = PlanConfig::parse("[plans.free]\nlimti = 10\n").unwrap_err();
+    assert!(matches!(err, Error::Config { line: Some(2), .. }), "{err}");
+    let err = PlanConfig::parse("[plans.free]\nlimit = 10\n").unwrap_err();
+    assert!(err.to_string().contains("missing field `window`"), "{err}");
+    let err = PlanConfig::parse(
+        "[plans.a]\nlimit = 5000000\nwindow = 60\nalgorithm = \"sliding_window_counter\"\n",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("at most 4194303"), "{err}");
+    assert!(PlanConfig::parse("not toml [").is_err());
+}
+
+/// Window quotas above one unit per nanosecond are an error, as bucket ones are.
+#[test]
+fn window_rates_above_one_per_ns_are_errors() {
+    for alg in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::SlidingWindowLog,
+        Algorithm::TokenBucket,
+    ] {
+        let q = Quota::new(1000, Duration::from_nanos(1)).algorithm(alg);
+        let r = Limiter::<u64>::builder().quota(q).build();
+        assert!(
+            matches!(
+                r,
+                Err(crate::Error::RateTooHigh {
+                    limit: 1000,
+                    period_ns: 1
+                })
+            ),
+            "{alg:?}: {:?}",
+            r.map(|_| ())
+        );
+    }
+}
+
+/// Shard counts outside 1..=MAX_SHARDS are an error, not a panic or an abort.
+#[test]
+fn shard_counts_out_of_range_are_errors() {
+    for shards in [0, crate::MAX_SHARDS + 1, 1 << 40, 1 << 63, usize::MAX] {
+        let r = Limiter::<u64>::builder()
+            .quota(Quota::per_second(1))
+            .shards(shards)
+            .build();
+        assert!(
+            matches!(r, Err(crate::Error::ShardsOutOfRange { .. })),
+            "{shards}"
+        );
+    }
+    for shards in [1, 3, crate::MAX_SHARDS] {
+        let l = Limiter::<u64>::builder()
+            .quota(Quota::per_second(1))
+            .shards(shards)
+            .max_keys(1000)
+            .build()
+            .unwrap();
+        assert!(l.check(&1).is_allowed());
+    }
+}
+
+/// Durations people write: sums (`"1m30s"`, `"1h 30m"`) and fractions (`"1.5s"`), in exact
+/// nanoseconds; anything else, or a fraction of a nanosecond, is an error naming the field.
+#[test]
+fn config_durations_compound_and_fractional() {
+    use crate::plan::config::parse_duration as parse;
+    assert_eq!(parse("1m30s"), Some(Duration::from_secs(90)));
+    assert_eq!(parse("1h 30m"), Some(Duration::from_secs(5_400)));
+    assert_eq!(parse("1.5s"), Some(Duration::from_millis(1_500)));
+    assert_eq!(parse("0.25h"), Some(Duration::from_secs(900)));
+    assert_eq!(parse(".5ms"), Some(Duration::from_micros(500)));
+    assert_eq!(
+        parse("2d 1.5h 10ms"),
+        Some(Duration::from_millis(178_200_010))
+    );
+    assert_eq!(parse("250us"), Some(Duration::from_micros(250)));
+    for bad in [
+        "",
+        "1.5ns",
+        "1",
+        "s",
+        "1.2.3s",
+        "1x",
+        "1 s",
+        "1m30",
+        ".s",
+        "99999999999999999999d",
+    ] {
+        assert_eq!(parse(bad), None, "{bad:?}");
+    }
+    let plans = PlanConfig::parse("[plans.a]\nlimit = 3\nwindow = \"1m30s\"\n")
+        .unwrap()
+        .into_plans();
+    assert_eq!(plans[0].1.quotas()[0].period(), Duration::from_secs(90));
+    let err = PlanConfig::parse("[plans.a]\nlimit = 3\nwindow = \"1.5ns\"\n").unwrap_err();
+    assert!(
+        err.to_string().starts_with("line 3: plans.a.window"),
+        "{err}"
+    );
+    // A key that would do nothing is an error, at its own line.
+    let err = PlanConfig::parse("[plans.a]\nlimit = 3\nwindow = \"1s\"\nmax_delay = \"2s\"\n")
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("line 4: plans.a.max_delay"),
+        "{err}"
+    );
+}
