@@ -10,7 +10,7 @@
 use std::hash::Hash;
 
 use super::book::{Book, Compiled, PartRule};
-use super::engine::{Limits, all_or_nothing};
+use super::engine::{Limits, Request, all_or_nothing};
 use super::{Limiter, Map};
 use crate::algo::Kind;
 use crate::cell::{self, Applied, Cell, Mode};
@@ -40,7 +40,26 @@ impl<K> Clone for Call<'_, K> {
 
 impl<K> Copy for Call<'_, K> {}
 
-impl<K> Call<'_, K> {
+impl<'a, K> Call<'a, K> {
+    /// The call `req` on `key` under `plan`, in `mode`, by `book`.
+    pub(crate) fn new(
+        book: &'a Book,
+        key: &'a K,
+        req: Request,
+        plan: &Compiled,
+        mode: Mode,
+    ) -> Self {
+        Call {
+            book,
+            key,
+            hash: req.hash,
+            now: req.now,
+            cost: req.cost,
+            headroom: plan.headroom,
+            mode,
+        }
+    }
+
     /// The same call, only decided (a part after a denial).
     fn peek(self) -> Self {
         Call {

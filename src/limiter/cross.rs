@@ -246,19 +246,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         let l = self.limiter;
         let resets = l.resets();
         let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
-        let call = Call {
-            book,
-            key: self.key,
-            hash: req.hash,
-            now: req.now,
-            cost: req.cost,
-            headroom: plan.headroom,
-            mode: if role == Role::Charge {
-                Mode::Check
-            } else {
-                Mode::Peek
-            },
+        let mode = if role == Role::Charge {
+            Mode::Check
+        } else {
+            Mode::Peek
         };
+        let call = Call::new(book, self.key, req, plan, mode);
         if let Err(Full) = l.charge_parts(call, plan, &mut out) {
             out = Outcome::new(l.table_full(plan));
         }

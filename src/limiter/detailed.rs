@@ -147,15 +147,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let Ok(compiled) = book.get(plan) else {
             return detailed.refunded(cost);
         };
-        let call = Call {
-            book,
-            key,
+        let req = Request {
             hash: self.key_hash(key),
             now: super::clamp_now(self.clock.now()),
             cost,
-            headroom: compiled.headroom,
-            mode: Mode::Peek,
         };
+        let call = Call::new(book, key, req, compiled, Mode::Peek);
         let mut merged = Decision::NEUTRAL;
         for (i, part) in compiled.parts.iter().enumerate() {
             let Some(d) = self.held(&call, part) else {
@@ -220,15 +217,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             Some(out) => out,
             None => {
                 let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
-                let call = Call {
-                    book,
-                    key,
-                    hash,
-                    now,
-                    cost,
-                    headroom: plan.headroom,
-                    mode,
-                };
+                let call = Call::new(book, key, Request { hash, now, cost }, plan, mode);
                 match self.charge_parts(call, plan, &mut out) {
                     Ok(()) => out,
                     Err(Full) => {

@@ -627,15 +627,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             self.settle(plan, &mut d, 0, mode);
             return Ok(d);
         }
-        let call = Call {
-            book,
-            key,
-            hash,
-            now,
-            cost,
-            headroom: plan.headroom,
-            mode,
-        };
+        let call = Call::new(book, key, req, plan, mode);
         let (mut d, retries) = match self.charge(call, plan) {
             Ok(charged) => charged,
             Err(Full) => (self.table_full(plan), 0),
