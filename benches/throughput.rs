@@ -1570,7 +1570,7 @@ fn growth(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
         st: &[Vec<u64>],
         cfg: &Config,
         res: &mut Results,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         fill(c, GROWTH_HOT_KEYS);
         let (idle, _) = latency(c, st, 1, cfg.latency_samples, cfg.latency_budget);
         let done = AtomicBool::new(false);
@@ -1593,9 +1593,9 @@ fn growth(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
             (percentiles(&quanta::Clock::new(), &mut ticks), ns, rounds)
         });
         if rounds < 2 {
-            return Err(format!(
-                "{name}: the table grew to {keys} keys before two rounds of checks were timed"
-            ));
+            // The table grew before the checker timed two rounds (its thread was off the CPU
+            // meanwhile, on a busy machine): no figure from this try.
+            return Ok(false);
         }
         for (state, p) in [("idle", idle), ("growing", busy)] {
             res.percentiles(case("growth", keys, state, "allow", 1), name, p);
@@ -1606,29 +1606,50 @@ fn growth(cfg: &Config, res: &mut Results, progress: &mut Progress) -> Result<()
             "new_key_ns",
             per_key,
         );
-        Ok(())
+        Ok(true)
     }
+    /// Tries of a growth measurement, each on a fresh table, before it is an error.
+    const TRIES: usize = 3;
+    let too_fast = |name: &str| {
+        format!(
+            "{name}: the table grew to {keys} keys before two rounds of checks were timed, {TRIES} times"
+        )
+    };
     for kind in StoreKind::ALL {
         let name = store_name(kind);
         progress.step(&format!("growth {} {name}", keys_label(keys)));
-        let c = Tollgate(tollgate_limiter(kind, Load::Allow, keys)?);
-        measure(&c, &name, keys, &st, cfg, res)?;
-        if c.0.len() as u64 != keys {
-            return Err(format!(
-                "{name}: {} keys after growing to {keys}",
-                c.0.len()
-            ));
+        let mut measured = false;
+        for _ in 0..TRIES {
+            let c = Tollgate(tollgate_limiter(kind, Load::Allow, keys)?);
+            measured = measure(&c, &name, keys, &st, cfg, res)?;
+            if c.0.len() as u64 != keys {
+                return Err(format!(
+                    "{name}: {} keys after growing to {keys}",
+                    c.0.len()
+                ));
+            }
+            if measured {
+                break;
+            }
+        }
+        if !measured {
+            return Err(too_fast(&name));
         }
     }
     progress.step(&format!("growth {} governor", keys_label(keys)));
-    measure(
-        &governor_limiter(Load::Allow),
-        GOVERNOR,
-        keys,
-        &st,
-        cfg,
-        res,
-    )
+    for _ in 0..TRIES {
+        if measure(
+            &governor_limiter(Load::Allow),
+            GOVERNOR,
+            keys,
+            &st,
+            cfg,
+            res,
+        )? {
+            return Ok(());
+        }
+    }
+    Err(too_fast(GOVERNOR))
 }
 
 fn growth_steps() -> usize {
