@@ -92,6 +92,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
     fn undo_part(&self, undo: Option<Undo>, elsewhere: bool, time: &mut Time) -> Option<Decision> {
         let l = self.limiter;
         let now = self.now(time);
+        l.recount(self.plan, Some(Count::Allowed), elsewhere);
         if let Some(undo) = undo {
             // On the short path the refunds themselves report what the part holds.
             if elsewhere {
@@ -101,7 +102,6 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
             }
             l.take_back(self.key, undo, now);
         }
-        l.recount(self.plan, Some(Count::Allowed), elsewhere);
         if !elsewhere {
             return None;
         }
@@ -203,10 +203,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         true
     }
 
-    /// [`Part::undo_part`] of a charge the short path made, where it still applies (the plan's
-    /// rules and the key's state as they were, no penalty): the admission counted as denied
-    /// elsewhere, the charge taken back, and what the part holds afterwards. `None`, having
-    /// changed nothing, where the general path must.
+    /// [`Part::undo_part`]'s refund of a charge the short path made, where it still applies
+    /// (the plan's rules and the key's state as they were, no penalty): the charge taken back,
+    /// and what the part holds afterwards. `None`, having changed nothing, where the general
+    /// path must.
     #[inline(always)]
     fn refund_short(&self, undo: Undo, now: u64) -> Option<Decision> {
         let l = self.limiter;
@@ -227,8 +227,6 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
             Short::Two(words) => l.refund_words(s, words, req, tokens_of(words, &undo)?),
             Short::None => return None,
         };
-        plan.counts.uncount(Count::Allowed);
-        plan.counts.count(Count::DeniedElsewhere, 0);
         Some(held)
     }
 

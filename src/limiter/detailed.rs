@@ -3,7 +3,7 @@
 
 use std::hash::Hash;
 
-use super::book::{Compiled, Short};
+use super::book::{Short, Words};
 use super::charge::{Call, Outcome, Undo};
 use super::engine::Request;
 use super::{Limiter, Map};
@@ -12,7 +12,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
 use crate::plan::{MAX_PARTS, PlanId};
-use crate::store::Full;
+use crate::store::{FlatStore, Full};
 
 /// One charge with every part's decision: what [`Limiter::charge_detailed`] returns.
 #[derive(Debug)]
@@ -78,59 +78,24 @@ impl Detailed {
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
-    /// `plan`'s charge on the short path with every part's decision and refund token (for a
-    /// charge that may be taken back and reported part by part), where the short path applies (see
-    /// [`charge_words`](Self::charge_words)); `None`, having changed nothing, where it does not.
+    /// A charge on the short path of a plan of `N` word parts with every part's decision and
+    /// refund token; `None`, having changed nothing, where it does not apply (see
+    /// [`charge_words`](Self::charge_words)).
     #[inline(always)]
-    pub(crate) fn charge_short_outcome(
+    fn short_outcome<const N: usize>(
         &self,
-        plan: &Compiled,
-        hash: u64,
-        now: u64,
-        cost: u64,
+        s: &FlatStore<K>,
+        words: &Words<N>,
+        req: Request,
     ) -> Option<Outcome> {
-        let Map::Flat(s) = &self.store else {
-            return None;
-        };
-        let req = Request { hash, now, cost };
-        let mut out = Outcome::new(Decision::NEUTRAL);
-        match &plan.short {
-            Short::One(words) => {
-                let mut parts = [Decision::NEUTRAL; 1];
-                let c = self.charge_words(s, words, req, true, Some(&mut parts))?;
-                (out.decision, out.tokens, out.retries) =
-                    (c.decision, c.undo_tokens(words), c.retries);
-                out.parts[0] = Some(parts[0]);
-            }
-            Short::Two(words) => {
-                let mut parts = [Decision::NEUTRAL; 2];
-                let c = self.charge_words(s, words, req, true, Some(&mut parts))?;
-                (out.decision, out.tokens, out.retries) =
-                    (c.decision, c.undo_tokens(words), c.retries);
-                out.parts[..2].copy_from_slice(&parts.map(Some));
-            }
-            Short::None => return None,
+        let mut parts = [Decision::NEUTRAL; N];
+        let c = self.charge_words(s, words, req, true, Some(&mut parts))?;
+        let mut out = Outcome::new(c.decision);
+        (out.tokens, out.retries) = (c.undo_tokens(words), c.retries);
+        for (slot, d) in out.parts.iter_mut().zip(parts) {
+            *slot = Some(d);
         }
         Some(out)
-    }
-
-    /// [`peek_words`](Self::peek_words) for `plan`, where the short path applies.
-    #[inline(always)]
-    pub(crate) fn peek_short(
-        &self,
-        plan: &Compiled,
-        hash: u64,
-        now: u64,
-        cost: u64,
-    ) -> Option<Decision> {
-        let Map::Flat(s) = &self.store else {
-            return None;
-        };
-        match &plan.short {
-            Short::One(words) => self.peek_words(s, words, Request { hash, now, cost }),
-            Short::Two(words) => self.peek_words(s, words, Request { hash, now, cost }),
-            Short::None => None,
-        }
     }
 
     /// After the charge `detailed` of `key` under `plan` was refunded: each part's decision
@@ -188,36 +153,39 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         let now = super::clamp_now(self.clock.now());
         let hash = self.key_hash(key);
         let resets = self.resets();
-        if let (Mode::Check, Map::Flat(s), Short::One(words)) = (mode, &self.store, &plan.short) {
-            // The common charge (one part, its state in its slot): no outcome to fill, the
-            // part's decision is the merged one.
-            let req = Request { hash, now, cost };
-            if let Some(c) = self.charge_words(s, words, req, true, None) {
-                let mut d = c.decision;
-                self.settle(plan, &mut d, c.retries, mode);
-                return Ok(Detailed {
-                    decision: d,
-                    more: None,
-                    undo: Undo::of(&d, hash, cost, resets, c.undo_tokens(words)),
-                    now,
-                });
+        let req = Request { hash, now, cost };
+        let short = match (mode, &self.store, &plan.short) {
+            (Mode::Check, Map::Flat(s), Short::One(words)) => {
+                // The common charge (one part): no outcome to fill, the part's decision is the
+                // merged one.
+                if let Some(c) = self.charge_words(s, words, req, true, None) {
+                    let mut d = c.decision;
+                    self.settle(plan, &mut d, c.retries, mode);
+                    return Ok(Detailed {
+                        decision: d,
+                        more: None,
+                        undo: Undo::of(&d, hash, cost, resets, c.undo_tokens(words)),
+                        now,
+                    });
+                }
+                None
             }
-        }
-        let short = match (mode, &plan.short) {
-            (Mode::Check, _) => self.charge_short_outcome(plan, hash, now, cost),
+            (Mode::Check, Map::Flat(s), Short::Two(words)) => self.short_outcome(s, words, req),
             // A one-part plan's peek: its decision is the part's.
-            (Mode::Peek, Short::One(_)) => self.peek_short(plan, hash, now, cost).map(|d| {
-                let mut out = Outcome::new(d);
-                out.parts[0] = Some(d);
-                out
-            }),
+            (Mode::Peek, Map::Flat(s), Short::One(words)) => {
+                self.peek_words(s, words, req).map(|d| {
+                    let mut out = Outcome::new(d);
+                    out.parts[0] = Some(d);
+                    out
+                })
+            }
             _ => None,
         };
         let out = match short {
             Some(out) => out,
             None => {
                 let mut out = Outcome::new(Decision::denied(Reason::Limited, 0));
-                let call = Call::new(book, key, Request { hash, now, cost }, plan, mode);
+                let call = Call::new(book, key, req, plan, mode);
                 match self.charge_parts(call, plan, &mut out) {
                     Ok(()) => out,
                     Err(Full) => {

@@ -290,12 +290,7 @@ impl PlanConfig {
 
     /// Reads and parses a file.
     pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<PlanConfig, Error> {
-        let path = path.as_ref();
-        let src = std::fs::read_to_string(path).map_err(|e| Error::Config {
-            line: None,
-            message: format!("{}: {e}", path.display()),
-        })?;
-        Self::parse(&src)
+        Self::parse(&read_source(path.as_ref())?)
     }
 
     /// The plan names, in file order.
@@ -425,6 +420,14 @@ impl Ctx<'_> {
         }
         Ok(units)
     }
+}
+
+/// A config file's text; a file that cannot be read is an [`Error::Config`] naming it.
+pub(crate) fn read_source(path: &std::path::Path) -> Result<String, Error> {
+    std::fs::read_to_string(path).map_err(|e| Error::Config {
+        line: None,
+        message: format!("{}: {e}", path.display()),
+    })
 }
 
 /// Deserializes a TOML document; every mistake is an [`Error::Config`] naming the line and the

@@ -32,12 +32,7 @@ impl HttpConfig {
 
     /// Reads and parses a file.
     pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<HttpConfig, Error> {
-        let path = path.as_ref();
-        let src = std::fs::read_to_string(path).map_err(|e| Error::Config {
-            line: None,
-            message: format!("{}: {e}", path.display()),
-        })?;
-        Self::parse(&src)
+        Self::parse(&crate::plan::config::read_source(path.as_ref())?)
     }
 }
 
