@@ -12,6 +12,11 @@ pub enum Reason {
     Limited,
     /// Over the quota, but the plan's strategy is soft: let through, flagged, nothing charged.
     SoftLimit,
+    /// Over the quota (or a new key at a full table), but the limit is in shadow mode
+    /// ([`Strategy::Shadow`](crate::Strategy::Shadow)): let through unmarked, nothing charged,
+    /// counted as `shadow_passed`. The rest of the decision (`remaining`, `retry_after`) is what
+    /// enforcing would have answered.
+    Shadow,
     /// The key is serving a penalty set by [`Limiter::block`](crate::Limiter::block).
     Blocked,
     /// The key is new and the table is at `max_keys`: denied without being tracked.

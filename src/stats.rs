@@ -24,6 +24,10 @@ pub struct Stats {
     pub denied: u64,
     /// Requests over quota let through by a soft strategy.
     pub soft_passed: u64,
+    /// Requests a limit in shadow mode would have denied, let through unmarked
+    /// ([`Strategy::Shadow`](crate::Strategy::Shadow)); not in `allowed`, `denied` or
+    /// `table_full`.
+    pub shadow_passed: u64,
     /// Denials of new keys because the table was at `max_keys`.
     pub table_full: u64,
     /// Requests this limiter did not deny that another limit of the same call did (a later or
@@ -47,7 +51,7 @@ pub struct Stats {
 #[cfg(feature = "metrics")]
 impl Stats {
     /// Publishes these figures through the [`metrics`] facade, each labelled `limiter = name`:
-    /// counters `tollgate_decisions_total` (label `outcome`: allowed, denied, soft_passed,
+    /// counters `tollgate_decisions_total` (label `outcome`: allowed, denied, soft_passed, shadow_passed,
     /// table_full, denied_elsewhere), `tollgate_evictions_total`, `tollgate_sweeps_total`,
     /// `tollgate_swept_keys_total`, `tollgate_cas_retries_total` (set to their totals, so calling
     /// again never counts twice) and the gauge `tollgate_keys`. The same names as the HTTP
@@ -112,6 +116,7 @@ pub(crate) mod publish {
             ("allowed", st.allowed),
             ("denied", st.denied),
             ("soft_passed", st.soft_passed),
+            ("shadow_passed", st.shadow_passed),
             ("table_full", st.table_full),
             ("denied_elsewhere", st.denied_elsewhere),
         ] {
@@ -140,6 +145,7 @@ pub(crate) mod publish {
                 ("allowed", p.allowed),
                 ("denied", p.denied),
                 ("soft_passed", p.soft_passed),
+                ("shadow_passed", p.shadow_passed),
                 ("table_full", p.table_full),
                 ("denied_elsewhere", p.denied_elsewhere),
             ] {
@@ -176,6 +182,8 @@ pub struct PlanStats {
     pub denied: u64,
     /// Requests over quota let through by the plan's soft strategy.
     pub soft_passed: u64,
+    /// Requests the plan in shadow mode would have denied, let through unmarked.
+    pub shadow_passed: u64,
     /// Denials of new states under the plan because the table was at `max_keys`.
     pub table_full: u64,
     /// Requests the plan did not deny that another limit of the same call did: admitted here
@@ -216,16 +224,18 @@ pub(crate) enum Count {
     TableFull = 3,
     /// Another limit of the same call denied the request (see [`PlanStats::denied_elsewhere`]).
     DeniedElsewhere = 4,
+    ShadowPassed = 5,
 }
 
 impl Count {
     /// How many kinds of count there are (the length of a stripe's `counts`).
-    const KINDS: usize = Count::DeniedElsewhere as usize + 1;
+    const KINDS: usize = Count::ShadowPassed as usize + 1;
 
     /// The counter a decision adds to.
     pub(crate) fn of(d: &crate::Decision) -> Count {
         match d.reason {
             crate::Reason::SoftLimit => Count::SoftPassed,
+            crate::Reason::Shadow => Count::ShadowPassed,
             crate::Reason::TableFull => Count::TableFull,
             _ if d.allowed => Count::Allowed,
             _ => Count::Denied,
@@ -496,6 +506,7 @@ impl Counts {
             allowed: st.allowed,
             denied: st.denied,
             soft_passed: st.soft_passed,
+            shadow_passed: st.shadow_passed,
             table_full: st.table_full,
             denied_elsewhere: st.denied_elsewhere,
         }
@@ -509,6 +520,7 @@ impl Counts {
             st.allowed += n(Count::Allowed);
             st.denied += n(Count::Denied);
             st.soft_passed += n(Count::SoftPassed);
+            st.shadow_passed += n(Count::ShadowPassed);
             st.table_full += n(Count::TableFull);
             st.denied_elsewhere += n(Count::DeniedElsewhere);
             st.cas_retries += s.cas_retries.load(Ordering::Relaxed);

@@ -103,7 +103,8 @@ pub(crate) struct Words<const N: usize> {
     pub(crate) ids: [RuleId; N],
     pub(crate) rules: [Rule; N],
     pub(crate) headroom: u64,
-    pub(crate) soft: bool,
+    /// The plan's strategy where it lets denials through (soft, shadow).
+    pub(crate) lenient: Option<Strategy>,
     /// The plan's decision counts.
     pub(crate) counts: Counts,
 }
@@ -117,7 +118,8 @@ impl<const N: usize> Words<N> {
             ids: std::array::from_fn(|i| plan.parts[i].id),
             rules: std::array::from_fn(|i| plan.parts[i].rule),
             headroom: plan.headroom,
-            soft: plan.strategy == Strategy::Soft,
+            lenient: matches!(plan.strategy, Strategy::Soft | Strategy::Shadow)
+                .then_some(plan.strategy),
             counts: plan.counts.clone(),
         })
     }

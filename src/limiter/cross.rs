@@ -7,12 +7,12 @@ use std::hash::Hash;
 use super::book::{Book, Compiled, Short, Words};
 use super::charge::{Call, Outcome, Undo};
 use super::engine::{Limits, Request, all_or_nothing};
-use super::{Limiter, Map, clamp_now};
+use super::{Limiter, Map, clamp_now, soften};
 use crate::cell::Mode;
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::plan::PlanId;
+use crate::plan::{PlanId, Strategy};
 use crate::stats::Count;
 use crate::store::{FlatStore, Full};
 
@@ -71,7 +71,13 @@ pub trait Part: sealed::Sealed {
     /// or not at all (the call failed). With `elsewhere`, what the part holds afterwards (see
     /// [`Decision::held`]), where it can be read here (not a plan gone, not exact mode).
     #[doc(hidden)]
-    fn undo_part(&self, undo: Option<Undo>, elsewhere: bool, time: &mut Time) -> Option<Decision>;
+    fn undo_part(
+        &self,
+        undo: Option<Undo>,
+        shadowed: bool,
+        elsewhere: bool,
+        time: &mut Time,
+    ) -> Option<Decision>;
 }
 
 impl<K, C> sealed::Sealed for Bound<'_, K, C> {}
@@ -89,10 +95,21 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         self.decide(cost, role, d, undo, time)
     }
 
-    fn undo_part(&self, undo: Option<Undo>, elsewhere: bool, time: &mut Time) -> Option<Decision> {
+    fn undo_part(
+        &self,
+        undo: Option<Undo>,
+        shadowed: bool,
+        elsewhere: bool,
+        time: &mut Time,
+    ) -> Option<Decision> {
         let l = self.limiter;
         let now = self.now(time);
-        l.recount(self.plan, Some(Count::Allowed), elsewhere);
+        let counted = if shadowed {
+            Count::ShadowPassed
+        } else {
+            Count::Allowed
+        };
+        l.recount(self.plan, Some(counted), elsewhere);
         if let Some(undo) = undo {
             // On the short path the refunds themselves report what the part holds.
             if elsewhere {
@@ -198,6 +215,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
             return false;
         };
         *d = c.decision;
+        if let Some(strategy) = words.lenient {
+            shadow_only(strategy, d);
+        }
         words.counts.count(Count::of(d), c.retries);
         *undo = Undo::of(d, req.hash, req.cost, resets, c.undo_tokens(words));
         true
@@ -255,10 +275,23 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         }
         *d = out.decision;
         if role == Role::Charge {
+            shadow_only(plan.strategy, d);
             plan.counts.count(Count::of(d), out.retries);
-            debug_assert!(!d.allowed || d.reason == Reason::Within, "{d:?}");
+            debug_assert!(
+                !d.allowed || matches!(d.reason, Reason::Within | Reason::Shadow),
+                "{d:?}"
+            );
             *undo = Undo::of(d, req.hash, req.cost, resets, out.tokens);
         }
+    }
+}
+
+/// The one strategy a part of [`check_all`] follows: shadow mode lets a denial through (nothing
+/// charged, counted as a shadow pass); every other strategy denies as a hard one.
+#[inline(always)]
+fn shadow_only(strategy: Strategy, d: &mut Decision) {
+    if strategy == Strategy::Shadow {
+        soften(strategy, d);
     }
 }
 
@@ -280,7 +313,8 @@ fn tokens_of<const N: usize>(words: &Words<N>, undo: &Undo) -> Option<[Option<u6
 /// Checks `cost` units against every part (per-user AND global, across limiters and key types),
 /// all or nothing: when any part denies, the parts already charged are refunded, so nothing stays
 /// charged; no part ever admits beyond its own bound. Parts are charged in order, so list the
-/// most likely to deny first. Strategies of the parts' plans do not apply here (hard denial).
+/// most likely to deny first. Strategies of the parts' plans do not apply here (hard denial),
+/// but for shadow mode ([`Strategy::Shadow`]): a part in shadow mode never denies the call.
 /// Each part is its limiter's (key, rule) states, charged as [`Limiter::check_in`] charges them:
 /// no lock and no allocation on the flat store (for up to four parts). Parts whose limiters
 /// read one clock (every limiter built without [`Builder::clock`] reads
@@ -314,9 +348,9 @@ pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
     /// Parts whose refund records live on the stack; more take one allocation.
     const ON_STACK: usize = 4;
     if parts.len() <= ON_STACK {
-        decide_all(parts, cost, [None; ON_STACK])
+        decide_all(parts, cost, [(None, false); ON_STACK])
     } else {
-        decide_all(parts, cost, vec![None; parts.len()])
+        decide_all(parts, cost, vec![(None, false); parts.len()])
     }
 }
 
@@ -325,7 +359,7 @@ pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
 fn decide_all(
     parts: &[&dyn Part],
     cost: u64,
-    undos: impl AsMut<[Option<Undo>]>,
+    undos: impl AsMut<[(Option<Undo>, bool)]>,
 ) -> Result<Decision, Error> {
     let mut all = Across {
         parts,
@@ -360,7 +394,7 @@ struct Across<'p, U> {
     reported: Decision,
 }
 
-impl<U: AsMut<[Option<Undo>]>> Limits for Across<'_, U> {
+impl<U: AsMut<[(Option<Undo>, bool)]>> Limits for Across<'_, U> {
     type Error = Error;
 
     #[inline(always)]
@@ -380,13 +414,9 @@ impl<U: AsMut<[Option<Undo>]>> Limits for Across<'_, U> {
             }
             return Ok(d.allowed);
         }
-        part.charge_part(
-            self.cost,
-            false,
-            &mut d,
-            &mut self.undos.as_mut()[i],
-            &mut self.time,
-        )?;
+        let (undo, shadowed) = &mut self.undos.as_mut()[i];
+        part.charge_part(self.cost, false, &mut d, undo, &mut self.time)?;
+        *shadowed = d.reason == Reason::Shadow;
         if i == 0 {
             self.merged = d;
         } else {
@@ -400,8 +430,8 @@ impl<U: AsMut<[Option<Undo>]>> Limits for Across<'_, U> {
     }
 
     fn refund(&mut self, i: usize, report: bool) {
-        let undo = self.undos.as_mut()[i].take();
-        let held = self.parts[i].undo_part(undo, report, &mut self.time);
+        let (undo, shadowed) = &mut self.undos.as_mut()[i];
+        let held = self.parts[i].undo_part(undo.take(), *shadowed, report, &mut self.time);
         if let Some(held) = held {
             self.reported.merge(&held);
         }

@@ -128,9 +128,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             }
             merged.merge(&d);
         }
-        // A request a soft limit let through stays one (its response still says so).
-        if detailed.decision.reason == Reason::SoftLimit {
-            merged.reason = Reason::SoftLimit;
+        // A request a soft or shadow limit let through stays one (its response still says so).
+        if matches!(detailed.decision.reason, Reason::SoftLimit | Reason::Shadow) {
+            merged.reason = detailed.decision.reason;
         }
         detailed.decision = merged;
         detailed.now = call.now;

@@ -269,9 +269,7 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
             (Call::Check, _) => p.redis.check_n(&name, cost).await?,
         };
         let mut d = checked.decision();
-        if p.strategy == Strategy::Soft {
-            super::soften_limited(&mut d);
-        }
+        super::soften(p.strategy, &mut d);
         if !matches!(call, Call::Peek) {
             self.count_external(plan, &d);
         }

@@ -162,20 +162,15 @@ impl<K: Hash + Eq + Clone> Map<K> {
     }
 }
 
-/// A soft strategy lets an over-quota request through, flagged.
+/// A soft or shadow strategy lets a request through that its limit denied (see
+/// [`Strategy::passes`]), flagged with the strategy's reason.
 #[inline(always)]
-fn soften(plan: &Compiled, d: &mut Decision) {
-    if plan.strategy == Strategy::Soft {
-        soften_limited(d);
-    }
-}
-
-/// [`soften`] under a soft strategy: an over-quota denial passes, flagged.
-#[inline(always)]
-pub(crate) fn soften_limited(d: &mut Decision) {
-    if !d.allowed && d.reason == Reason::Limited {
-        d.allowed = true;
-        d.reason = Reason::SoftLimit;
+pub(crate) fn soften(strategy: Strategy, d: &mut Decision) {
+    if !d.allowed {
+        if let Some(reason) = strategy.passes(d.reason) {
+            d.allowed = true;
+            d.reason = reason;
+        }
     }
 }
 
@@ -252,8 +247,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         // table-full denial and a blocked key's are decided on the general path.
         let count = if d.allowed {
             Count::Allowed
-        } else if words.soft {
-            soften_limited(&mut d);
+        } else if let Some(strategy) = words.lenient {
+            soften(strategy, &mut d);
             Count::of(&d)
         } else {
             Count::Denied
@@ -636,11 +631,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         Ok(d)
     }
 
-    /// The last step of every decision: the plan's soft strategy lets an over-quota request
-    /// through (flagged), and the outcome is counted (a peek counts nothing).
+    /// The last step of every decision: the plan's soft or shadow strategy lets a denied
+    /// request through (flagged), and the outcome is counted (a peek counts nothing).
     #[inline(always)]
     fn settle(&self, plan: &Compiled, d: &mut Decision, retries: u32, mode: Mode) {
-        soften(plan, d);
+        soften(plan.strategy, d);
         if !mode.is_peek() {
             plan.counts.count(Count::of(d), retries);
         }

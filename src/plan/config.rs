@@ -378,6 +378,7 @@ impl Ctx<'_> {
             Some(s) => match s.get_ref().as_str() {
                 "hard" => Strategy::Hard,
                 "soft" => Strategy::Soft,
+                "shadow" => Strategy::Shadow,
                 "queue" => {
                     let Some(d) = &raw.max_delay else {
                         return self.err(
@@ -394,7 +395,9 @@ impl Ctx<'_> {
                     return self.err(
                         s.span().start,
                         &format!("{path}.strategy"),
-                        format!("unknown strategy '{other}' (expected hard, soft or queue)"),
+                        format!(
+                            "unknown strategy '{other}' (expected hard, soft, shadow or queue)"
+                        ),
                     );
                 }
             },

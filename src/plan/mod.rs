@@ -8,6 +8,7 @@ use std::time::Duration;
 
 pub use config::PlanConfig;
 
+use crate::decision::Reason;
 use crate::quota::Quota;
 
 /// The most quotas one plan may combine (10/s AND 1000/day is two).
@@ -23,6 +24,13 @@ pub enum Strategy {
     /// Let it through, flagged as [`Reason::SoftLimit`](crate::Reason::SoftLimit), charging
     /// nothing.
     Soft,
+    /// Dry run (Envoy's `shadow_mode`, nginx `limit_req_dry_run`): decide and count exactly as
+    /// [`Hard`](Self::Hard) would, but never deny: a request the limit would deny (over quota,
+    /// or a new key at a full table) passes as [`Reason::Shadow`](crate::Reason::Shadow),
+    /// charging nothing, and is counted as `shadow_passed`. The HTTP layer adds no headers
+    /// for such a limit. A penalty set with [`Limiter::block`](crate::Limiter::block) is the
+    /// application's own order and still denies.
+    Shadow,
     /// Admit it for a later moment, at most `max_delay` away (the leaky bucket as a queue, nginx
     /// `burst` without `nodelay`); the decision's [`delay`](crate::Decision::delay) says how
     /// long to wait. Window algorithms cannot schedule ahead and admit only what passes now.
@@ -30,6 +38,19 @@ pub enum Strategy {
         /// The longest wait a request may be given.
         max_delay: Duration,
     },
+}
+
+impl Strategy {
+    /// What a denial of this strategy's limit becomes: `Some` reason for a request let through
+    /// anyway (soft: over quota only; shadow: a full table too), `None` where it stays denied.
+    #[inline(always)]
+    pub(crate) fn passes(self, denial: Reason) -> Option<Reason> {
+        match (self, denial) {
+            (Strategy::Soft, Reason::Limited) => Some(Reason::SoftLimit),
+            (Strategy::Shadow, Reason::Limited | Reason::TableFull) => Some(Reason::Shadow),
+            _ => None,
+        }
+    }
 }
 
 /// A named tier: its quotas (all must pass), what happens over them, and its priority headroom.

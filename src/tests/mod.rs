@@ -4,4 +4,5 @@ mod config;
 mod engine;
 mod flat;
 mod plans;
+mod shadow;
 mod stores;
