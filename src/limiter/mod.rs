@@ -519,11 +519,40 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     ///
     /// Contention: serialised with other plan changes; checks are never blocked.
     pub fn set_plan(&self, name: &str, plan: Plan) -> Result<PlanId, Error> {
-        let mut plans = crate::sync::lock(&self.plans);
-        let mut next = plans.clone();
-        match next.iter_mut().find(|(n, _)| n == name) {
-            Some(slot) => slot.1 = plan,
-            None => next.push((name.to_string(), plan)),
+        self.set_plans([(name, plan)])?;
+        self.plan(name)
+            .ok_or_else(|| Error::UnknownPlan(name.to_string()))
+    }
+
+    /// Adds or replaces several plans at once, all or none: on an error no plan has changed.
+    /// Each is replaced as [`set_plan`](Self::set_plan) replaces it; plans not named stay.
+    ///
+    /// ```
+    /// use tollgate::{FakeClock, Limiter, Plan, Quota};
+    /// let limiter = Limiter::<u64, _>::builder()
+    ///     .plan("free", Plan::new([Quota::per_minute(10)]))
+    ///     .clock(FakeClock::new())
+    ///     .build()?;
+    /// limiter.set_plans([
+    ///     ("free", Plan::new([Quota::per_minute(20)])),
+    ///     ("pro", Plan::new([Quota::per_minute(100)])),
+    /// ])?;
+    /// assert_eq!(limiter.plan_names(), ["free", "pro"]);
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn set_plans<'n>(
+        &self,
+        plans: impl IntoIterator<Item = (&'n str, Plan)>,
+    ) -> Result<(), Error> {
+        let mut current = crate::sync::lock(&self.plans);
+        let mut next = current.clone();
+        let mut changed = Vec::new();
+        for (name, plan) in plans {
+            match next.iter_mut().find(|(n, _)| n == name) {
+                Some(slot) => slot.1 = plan,
+                None => next.push((name.to_string(), plan)),
+            }
+            changed.push(name);
         }
         let book = Book::compile(
             &next,
@@ -532,12 +561,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             matches!(self.store, Map::Flat(_)) && !self.is_synced(),
         )?;
         self.backend.plans_changed(&next, &book)?;
-        let id = book.by_name[name];
         self.book.install(book);
-        *plans = next;
+        *current = next;
         #[cfg(feature = "tracing")]
-        tracing::info!(target: "tollgate", plan = name, "plan changed");
-        Ok(id)
+        for plan in changed {
+            tracing::info!(target: "tollgate", plan, "plan changed");
+        }
+        #[cfg(not(feature = "tracing"))]
+        let _ = changed;
+        Ok(())
     }
 
     /// The limiter's clock.

@@ -41,6 +41,8 @@ use crate::error::Error;
 #[derive(Clone)]
 pub struct RedisConfig {
     pub(crate) target: Result<Target, Error>,
+    /// The URL or seed nodes `target` was made from (to tell two configs apart).
+    pub(crate) nodes: Vec<String>,
     pub(crate) interval: Duration,
     pub(crate) prefix: String,
     pub(crate) deadline: Duration,
@@ -52,18 +54,27 @@ impl RedisConfig {
     /// One Redis server (or a Valkey), e.g. `redis://127.0.0.1:6379/`; a malformed URL is an
     /// [`Error::Config`] from `build_shared`.
     pub fn new(url: &str) -> Self {
-        Self::with_target(Target::single(url))
+        Self::with_target(Target::single(url), vec![url.to_string()])
     }
 
     /// A Redis Cluster, from one or more seed nodes: each (key, quota) is reconciled with its
     /// own script call, all in flight at once.
     pub fn cluster(nodes: &[&str]) -> Self {
-        Self::with_target(Target::cluster(nodes, DEFAULT_ROUND_DEADLINE))
+        Self::with_target(
+            Target::cluster(nodes, DEFAULT_ROUND_DEADLINE),
+            nodes.iter().map(|n| n.to_string()).collect(),
+        )
     }
 
-    fn with_target(target: Result<Target, Error>) -> Self {
+    /// Whether `other` reaches the same Redis with the same settings.
+    pub(crate) fn same_as(&self, other: &RedisConfig) -> bool {
+        self.nodes == other.nodes && format!("{self:?}") == format!("{other:?}")
+    }
+
+    fn with_target(target: Result<Target, Error>, nodes: Vec<String>) -> Self {
         RedisConfig {
             target,
+            nodes,
             interval: DEFAULT_INTERVAL,
             prefix: "tollgate:".into(),
             deadline: DEFAULT_ROUND_DEADLINE,
@@ -154,6 +165,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("prefix", &self.prefix)
             .field("deadline", &self.deadline)
             .field("policy", &self.policy)
+            .field("breaker", &self.breaker)
             .finish_non_exhaustive()
     }
 }

@@ -74,7 +74,9 @@ enum Command {
     /// Watch the headers count down with `curl -i` and the 429 arrive: GET /, POST /login,
     /// any /api/...; GET /metrics (not limited) has the counters in the Prometheus text format.
     /// With a `[redis]` table in the config, every plan is shared with the other servers on
-    /// that Redis. Runs until interrupted.
+    /// that Redis. The config is reloaded on SIGHUP and within a second of the file changing,
+    /// keeping what clients spent (a bad new file keeps the running config and says why on
+    /// stderr). Runs until interrupted or terminated (SIGTERM: requests in flight are answered).
     Serve {
         /// Plans, `[http]` and `[redis]` settings (see examples/plans.toml).
         #[arg(long, value_name = "FILE")]

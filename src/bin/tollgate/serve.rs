@@ -1,7 +1,10 @@
 //! `tollgate serve`: a small axum server behind the rate-limit layer, to watch the headers
-//! count down with `curl -i`, and `/metrics` in the Prometheus text format.
+//! count down with `curl -i`, and `/metrics` in the Prometheus text format. It reloads its
+//! config on SIGHUP and when the file changes, and stops gracefully on SIGTERM or Ctrl-C.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Path;
@@ -10,8 +13,13 @@ use tollgate::http::{HttpConfig, RateLimitLayer};
 
 use crate::Fail;
 
-/// Serves until the process is interrupted (one runtime thread: a demo, not a production server).
+/// How often the config file is looked at for a change.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Serves until the process is interrupted or terminated (one runtime thread: a demo, not a
+/// production server); requests in flight are answered first.
 pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
+    let path = PathBuf::from(config);
     let addr: SocketAddr = listen.parse().map_err(|_| {
         Fail::Usage(format!(
             "option '--listen' expects ADDRESS:PORT like 127.0.0.1:8080, got '{listen}'"
@@ -38,6 +46,7 @@ pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
             .local_addr()
             .map_err(|e| Fail::Run(format!("cannot read the bound address: {e}")))?;
         let metrics = layer.clone();
+        tokio::spawn(watch(path, layer.clone()));
         let app = Router::new()
             .route("/", get(|| async { "hello from tollgate\n" }))
             .route("/login", post(|| async { "login attempt recorded\n" }))
@@ -67,7 +76,54 @@ pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),
         )
+        .with_graceful_shutdown(stop())
         .await
         .map_err(|e| Fail::Run(format!("server error: {e}")))
     })
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn stop() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async {
+            match term.as_mut() {
+                Some(term) => { term.recv().await; }
+                None => std::future::pending::<()>().await,
+            }
+        } => {}
+    }
+}
+
+/// Reloads `layer` from `path` on SIGHUP and whenever the file's contents change (a file
+/// modified in place or replaced by a rename alike), keeping every unchanged limit's state. A
+/// file that cannot be read or is not a valid config leaves the running config in place, and
+/// says why on stderr.
+async fn watch(path: PathBuf, layer: RateLimitLayer) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup()).ok();
+    let mut seen = std::fs::read(&path).ok();
+    let mut tick = tokio::time::interval(WATCH_EVERY);
+    loop {
+        let asked = tokio::select! {
+            _ = tick.tick() => false,
+            Some(()) = async {
+                match hup.as_mut() {
+                    Some(hup) => hup.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => true,
+        };
+        let now = std::fs::read(&path).ok();
+        if !asked && now == seen {
+            continue;
+        }
+        seen = now;
+        let shown = path.display();
+        match HttpConfig::from_file(&path).and_then(|config| layer.reload(config)) {
+            Ok(()) => eprintln!("tollgate serve: reloaded '{shown}'"),
+            Err(e) => eprintln!("tollgate serve: kept the running config; '{shown}': {e}"),
+        }
+    }
 }

@@ -359,6 +359,39 @@ impl HttpConfig {
         self.headers
     }
 
+    /// What a reload to `next` cannot change: the settings the limiter is built with.
+    pub(crate) fn same_limiter(&self, next: &HttpConfig) -> Result<(), Error> {
+        let fixed = |what: &str, same: bool| {
+            if same {
+                Ok(())
+            } else {
+                Err(Error::Config {
+                    line: None,
+                    message: format!(
+                        "{what} cannot change while the layer runs (the limiter is built with \
+                         it): restart to change it"
+                    ),
+                })
+            }
+        };
+        fixed("http.max_keys", self.max_keys == next.max_keys)?;
+        fixed(
+            "http.sweep_interval",
+            self.sweep_interval == next.sweep_interval,
+        )?;
+        #[cfg(feature = "redis")]
+        fixed(
+            "[redis]",
+            self.redis_exact == next.redis_exact
+                && match (&self.redis, &next.redis) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => a.same_as(b),
+                    _ => false,
+                },
+        )?;
+        Ok(())
+    }
+
     /// Checks the names used by rules, API keys and the default plan against the plans.
     pub(crate) fn validate(&self) -> Result<(), Error> {
         let known = |name: &str, what: String| {

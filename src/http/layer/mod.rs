@@ -9,6 +9,9 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwapOption;
 
 use bytes::Bytes;
 use http::header::HeaderName;
@@ -94,7 +97,8 @@ struct CompiledRule {
     policies: HashMap<PlanId, Policy>,
 }
 
-/// What the layer shares between clones.
+/// What the layer shares between clones: the limiter and the counters, which a reload keeps,
+/// and what the config compiles to, which a reload replaces.
 struct Core<C: Clock> {
     limiter: Arc<Limiter<HttpKey, C>>,
     config: HttpConfig,
@@ -104,17 +108,17 @@ struct Core<C: Clock> {
     api_key_plans: HashMap<String, PlanId>,
     rules: Vec<CompiledRule>,
     api_key_header: HeaderName,
-    counters: HttpCounters,
+    counters: Arc<HttpCounters>,
     /// Set by the first request that arrives without a peer address (the one warning).
-    warned_no_peer: std::sync::Once,
+    warned_no_peer: Arc<std::sync::Once>,
     /// The recorder `/metrics` renders.
-    exposition: Exposition,
+    exposition: Arc<Exposition>,
     /// Exact mode on Redis (`mode = "exact"`): the limiter decides each plan in one script
     /// there ([`Limiter::check_in_async`]).
     #[cfg(feature = "redis")]
     exact: bool,
     /// Stops and joins the background sweeper when the last clone drops.
-    _sweeper: Option<Sweeper>,
+    _sweeper: Option<Arc<Sweeper>>,
 }
 
 /// A `tower::Layer` that rate-limits HTTP requests (axum 0.8, hyper 1, tonic: anything with
@@ -153,10 +157,33 @@ struct Shared<C: Clock> {
     hooks: Hooks,
     /// Requests can take the plain path ([`RateLimitLayer::plain_key`]).
     plain: bool,
+    /// Set by [`RateLimitLayer::reload`]: this is out of date, requests go to `newer`. Looked
+    /// at first (one load of a line that is written only by a reload), so a layer never
+    /// reloaded pays nothing more.
+    stale: AtomicBool,
+    /// The same hooks over the newest core, once a reload happened.
+    newer: ArcSwapOption<Shared<C>>,
+    /// Every `Shared` of this layer and of the layers made from it (hooks added), so a reload
+    /// brings each up to date, whichever of them a service still holds.
+    family: Arc<Family<C>>,
 }
 
+/// The `Shared`s a reload updates, weakly held (a newer one never points back at an older
+/// one, so nothing here keeps a dropped layer alive).
+type Family<C> = std::sync::Mutex<Vec<std::sync::Weak<Shared<C>>>>;
+
 impl<C: Clock> Shared<C> {
-    fn new(core: Arc<Core<C>>, hooks: Hooks) -> Self {
+    /// A `Shared` of `family` (a member from now on).
+    fn joined(core: Arc<Core<C>>, hooks: Hooks, family: &Arc<Family<C>>) -> Arc<Self> {
+        let shared = Arc::new(Shared::new(core, hooks, Arc::clone(family)));
+        family
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Arc::downgrade(&shared));
+        shared
+    }
+
+    fn new(core: Arc<Core<C>>, hooks: Hooks, family: Arc<Family<C>>) -> Self {
         // Nothing but the address keys a request, and nothing reads its head: no hook that takes
         // the head (a custom denial and a refund come after the charge), no exempt network, no
         // rule, no Redis call.
@@ -173,13 +200,14 @@ impl<C: Clock> Shared<C> {
             && hooks.key.is_none()
             && hooks.user.is_none()
             && hooks.cost.is_none();
-        Shared { core, hooks, plain }
-    }
-}
-
-impl<C: Clock> Clone for Shared<C> {
-    fn clone(&self) -> Self {
-        Shared::new(Arc::clone(&self.core), self.hooks.clone())
+        Shared {
+            core,
+            hooks,
+            plain,
+            stale: AtomicBool::new(false),
+            newer: ArcSwapOption::empty(),
+            family,
+        }
     }
 }
 
@@ -211,6 +239,116 @@ impl<C: Clock> RateLimitLayer<C> {
     pub fn with_clock(config: HttpConfig, clock: C) -> Result<Self, Error> {
         config.validate()?;
         let limiter = build_limiter(&config, clock)?;
+        let sweeper = config
+            .sweep_interval
+            .map(|every| Arc::new(limiter.start_sweeper(every)));
+        let kept = Kept {
+            limiter,
+            counters: Arc::default(),
+            warned_no_peer: Arc::new(std::sync::Once::new()),
+            exposition: Arc::new(Exposition::new()),
+            sweeper,
+        };
+        let core = Core::compile(config, kept)?;
+        let family = Arc::default();
+        Ok(RateLimitLayer {
+            shared: Shared::joined(Arc::new(core), Hooks::default(), &family),
+        })
+    }
+
+    /// Puts `config` in effect on the running layer and every clone of it (and the layers made
+    /// from it with a hook), keeping what clients spent: each plan is replaced as
+    /// [`Limiter::set_plan`] replaces it (an unchanged quota keeps every key's state), and
+    /// routes, API keys, exemptions, trusted proxies and headers are the new ones from the next
+    /// request on. Requests already being decided finish under the old config.
+    ///
+    /// What the limiter itself is built with cannot change while it runs: a new `max_keys`,
+    /// `sweep_interval` or `[redis]` table is an error, as is any config `new` would refuse;
+    /// on an error the running config stays in effect, untouched.
+    ///
+    /// ```
+    /// use tollgate::http::{HttpConfig, RateLimitLayer};
+    /// let layer = RateLimitLayer::new(HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1m\"\n")?)?;
+    /// layer.reload(HttpConfig::parse("[plans.free]\nlimit = 20\nwindow = \"1m\"\n")?)?;
+    /// let bad = HttpConfig::parse("[plans.free]\nlimit = 20\nwindow = \"1m\"\n[http]\nmax_keys = 10\n")?;
+    /// assert!(layer.reload(bad).is_err());
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn reload(&self, config: HttpConfig) -> Result<(), Error> {
+        let current = self.current();
+        let old = &current.shared.core;
+        config.validate()?;
+        old.config.same_limiter(&config)?;
+        let limiter = &old.limiter;
+        limiter.set_plans(config.plans.iter().map(|(n, p)| (n.as_str(), p.clone())))?;
+        let kept = Kept {
+            limiter: Arc::clone(limiter),
+            counters: Arc::clone(&old.counters),
+            warned_no_peer: Arc::clone(&old.warned_no_peer),
+            exposition: Arc::clone(&old.exposition),
+            sweeper: old._sweeper.clone(),
+        };
+        let core = Arc::new(Core::compile(config, kept)?);
+        // One reload at a time brings the whole family up to date: every `Shared` still held
+        // (by a handle, a router's service, a request in flight) is pointed at a new one with
+        // its hooks over the new core.
+        let mut members = current
+            .shared
+            .family
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let live: Vec<Arc<Shared<C>>> = members.iter().filter_map(|w| w.upgrade()).collect();
+        members.clear();
+        for member in live {
+            let newest = Arc::new(Shared::new(
+                Arc::clone(&core),
+                member.hooks.clone(),
+                Arc::clone(&member.family),
+            ));
+            members.push(Arc::downgrade(&newest));
+            members.push(Arc::downgrade(&member));
+            // Stored first, then flagged: a request that sees the flag finds `newer` set.
+            member.newer.store(Some(newest));
+            member.stale.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// This layer as the newest reload left it (itself when never reloaded).
+    #[inline(always)]
+    pub(super) fn current(&self) -> RateLimitLayer<C> {
+        match self.refreshed() {
+            Some(newer) => newer,
+            None => self.clone(),
+        }
+    }
+
+    /// The newest version of this layer where a reload replaced it, else `None` (one load).
+    #[inline(always)]
+    pub(super) fn refreshed(&self) -> Option<RateLimitLayer<C>> {
+        if !self.shared.stale.load(Ordering::Acquire) {
+            return None;
+        }
+        self.shared
+            .newer
+            .load_full()
+            .map(|shared| RateLimitLayer { shared })
+    }
+}
+
+/// What a reload carries from the running core to the new one.
+struct Kept<C: Clock> {
+    limiter: Arc<Limiter<HttpKey, C>>,
+    counters: Arc<HttpCounters>,
+    warned_no_peer: Arc<std::sync::Once>,
+    exposition: Arc<Exposition>,
+    sweeper: Option<Arc<Sweeper>>,
+}
+
+impl<C: Clock> Core<C> {
+    /// What `config` compiles to on `kept`'s limiter (whose plans are the config's already).
+    fn compile(config: HttpConfig, kept: Kept<C>) -> Result<Self, Error> {
+        let limiter = kept.limiter;
         #[cfg(feature = "redis")]
         let exact = limiter.is_exact();
         let id = |name: &str| {
@@ -238,31 +376,25 @@ impl<C: Clock> RateLimitLayer<C> {
                     ),
                 }
             })?;
-        let sweeper = config
-            .sweep_interval
-            .map(|every| limiter.start_sweeper(every));
-        Ok(RateLimitLayer {
-            shared: Arc::new(Shared::new(
-                Arc::new(Core {
-                    limiter,
-                    config,
-                    plans,
-                    default_plan,
-                    api_key_plans,
-                    rules,
-                    api_key_header,
-                    counters: HttpCounters::default(),
-                    warned_no_peer: std::sync::Once::new(),
-                    exposition: Exposition::new(),
-                    #[cfg(feature = "redis")]
-                    exact,
-                    _sweeper: sweeper,
-                }),
-                Hooks::default(),
-            )),
+        Ok(Core {
+            limiter,
+            config,
+            plans,
+            default_plan,
+            api_key_plans,
+            rules,
+            api_key_header,
+            counters: kept.counters,
+            warned_no_peer: kept.warned_no_peer,
+            exposition: kept.exposition,
+            #[cfg(feature = "redis")]
+            exact,
+            _sweeper: kept.sweeper,
         })
     }
+}
 
+impl<C: Clock> RateLimitLayer<C> {
     /// Resolves each request's plan (for example API key → plan from a database). The closure
     /// runs on the request's head and key and returns a `'static` future: copy what it needs
     /// from the request before the `async` block. An unknown plan name falls back to the
@@ -412,9 +544,14 @@ impl<C: Clock> RateLimitLayer<C> {
 
     /// Sets a hook on this layer (its clones made before keep theirs).
     fn set_hook(&mut self, set: impl FnOnce(&mut Hooks)) {
-        let shared = Arc::make_mut(&mut self.shared);
-        set(&mut shared.hooks);
-        *shared = Shared::new(Arc::clone(&shared.core), std::mem::take(&mut shared.hooks));
+        let current = self.current();
+        let mut hooks = current.shared.hooks.clone();
+        set(&mut hooks);
+        self.shared = Shared::joined(
+            Arc::clone(&current.shared.core),
+            hooks,
+            &current.shared.family,
+        );
     }
 
     /// The limiter behind the layer (for stats, `block`, `reset`, or checks of your own).

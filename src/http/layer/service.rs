@@ -109,7 +109,9 @@ where
         // ones; those take the ready service along and leave a clone for the next
         // `poll_ready` (the usual tower pattern).
         let inner = &mut self.inner;
-        let layer = &self.layer;
+        // The layer as the newest reload left it (this service's own unless one happened).
+        let refreshed = self.layer.refreshed();
+        let layer = refreshed.as_ref().unwrap_or(&self.layer);
         if let Some((key, plan)) = layer.plain_key(req.headers(), req.extensions()) {
             // The common request (see `plain_key`): decided from its head as it is.
             layer.shared.core.counters.request();
