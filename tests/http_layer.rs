@@ -699,7 +699,7 @@ fn config_mistakes_are_errors_with_lines() {
         ),
         (
             "[plans.free]\nlimit = 1\nwindow = 1\n[http]\nbogus = 1\n",
-            "line 5: http.bogus: unknown field `bogus`, expected one of `default_plan`, `key`, `api_key_header`, `forwarded_header`, `trusted_proxies`, `ipv6_prefix`, `on_bad_key`, `headers`, `max_keys`, `sweep_interval`, `api_keys`, `exempt`, `exempt_keys`, `routes`, `global`",
+            "line 5: http.bogus: unknown field `bogus`, expected one of `default_plan`, `key`, `api_key_header`, `forwarded_header`, `trusted_proxies`, `ipv6_prefix`, `on_bad_key`, `headers`, `max_keys`, `sweep_interval`, `api_keys`, `exempt`, `exempt_keys`, `shadow`, `routes`, `global`",
         ),
         (
             "[plans.free]\nlimit = 0\nwindow = 1\n",

@@ -23,10 +23,11 @@ enum Counter {
     InternalErrors,
     Exempt,
     Refunded,
+    ShadowPassed,
 }
 
 impl Counter {
-    const COUNT: usize = Counter::Refunded as usize + 1;
+    const COUNT: usize = Counter::ShadowPassed as usize + 1;
 }
 
 impl Default for HttpCounters {
@@ -49,6 +50,9 @@ impl HttpCounters {
     }
     pub(crate) fn soft_passed(&self) {
         self.add(Counter::SoftPassed, 1);
+    }
+    pub(crate) fn shadow_passed(&self) {
+        self.add(Counter::ShadowPassed, 1);
     }
     pub(crate) fn queued(&self, wait_ns: u64) {
         self.add(Counter::Queued, 1);
@@ -91,6 +95,11 @@ impl HttpCounters {
                 "tollgate_http_soft_passed_total",
                 "Requests over a soft limit, passed with a warning.",
                 get(Counter::SoftPassed),
+            ),
+            (
+                "tollgate_http_shadow_passed_total",
+                "Requests a limit in shadow mode would have denied, passed unmarked.",
+                get(Counter::ShadowPassed),
             ),
             (
                 "tollgate_http_queued_total",

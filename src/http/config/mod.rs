@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::http::keys::{ForwardedHeader, OnBadKey, TrustedProxies};
 use crate::ip::DEFAULT_V6_PREFIX;
-use crate::plan::Plan;
+use crate::plan::{Plan, Strategy};
 
 mod parse;
 
@@ -83,6 +83,8 @@ pub struct Rule {
     pub(crate) tiers: Vec<(String, String)>,
     /// One bucket for every client (always true for the global rule).
     pub(crate) shared: bool,
+    /// A dry run: decided and counted, never denying, no headers (its plans' shadow twins).
+    pub(crate) shadow: bool,
 }
 
 impl Rule {
@@ -97,6 +99,7 @@ impl Rule {
             plan: plan.into(),
             tiers: Vec::new(),
             shared: false,
+            shadow: false,
         }
     }
     /// One limit shared by every request, under plan `plan`. Its name in headers is `global`.
@@ -108,6 +111,7 @@ impl Rule {
             plan: plan.into(),
             tiers: Vec::new(),
             shared: true,
+            shadow: false,
         }
     }
     /// Only these methods (`GET`, `POST`, ...); all when never called.
@@ -127,6 +131,15 @@ impl Rule {
     /// plan on a shared limit (give the lower tier's plan the same quota and a `headroom`).
     pub fn tier(mut self, client_plan: impl Into<String>, plan: impl Into<String>) -> Self {
         self.tiers.push((client_plan.into(), plan.into()));
+        self
+    }
+    /// A dry run of this rule (`shadow = true`): its requests are decided and counted exactly
+    /// as when it enforces, but it never denies and adds no headers; what it would have denied
+    /// counts as `shadow_passed` (its plan's `tollgate_plan_decisions_total` under the name
+    /// `PLAN@shadow`, and `tollgate_http_shadow_passed_total`). Roll a new limit out this way,
+    /// then drop the flag.
+    pub fn shadow(mut self) -> Self {
+        self.shadow = true;
         self
     }
     /// The name used for this rule's policies in the IETF headers.
@@ -188,12 +201,22 @@ pub struct HttpConfig {
     pub(crate) sweep_interval: Option<Duration>,
     pub(crate) exempt: TrustedProxies,
     pub(crate) exempt_keys: HashSet<String>,
+    /// Every limit in shadow mode (`shadow = true` in `[http]`).
+    pub(crate) shadow: bool,
     /// Every limit cluster-wide through Redis (the `[redis]` table; feature `redis`).
     #[cfg(feature = "redis")]
     pub(crate) redis: Option<crate::redis::RedisConfig>,
     /// `redis` in exact mode (one script per request) instead of synced mode.
     #[cfg(feature = "redis")]
     pub(crate) redis_exact: bool,
+}
+
+/// The end of a shadow twin's name.
+const SHADOW_SUFFIX: &str = "@shadow";
+
+/// The name of plan `plan`'s shadow twin (the plan in shadow mode, for rules in shadow mode).
+pub(crate) fn shadow_twin(plan: &str) -> String {
+    format!("{plan}{SHADOW_SUFFIX}")
 }
 
 impl HttpConfig {
@@ -238,6 +261,7 @@ impl HttpConfig {
             sweep_interval: Some(Duration::from_secs(10)),
             exempt: TrustedProxies::none(),
             exempt_keys: HashSet::new(),
+            shadow: false,
             #[cfg(feature = "redis")]
             redis: None,
             #[cfg(feature = "redis")]
@@ -354,6 +378,49 @@ impl HttpConfig {
         self.exempt_keys.insert(key.into());
         self
     }
+    /// A dry run of the whole layer (`shadow = true` in `[http]`): every plan and rule decides
+    /// and counts as when it enforces ([`Strategy::Shadow`](crate::Strategy::Shadow)), but no
+    /// request is denied by a limit and no rate-limit header is added; what would have been
+    /// denied counts as `shadow_passed` (`tollgate_http_shadow_passed_total`, and each plan's
+    /// `tollgate_plan_decisions_total{outcome="shadow_passed"}`). Compare it with the
+    /// `allowed` counts to see what enforcing would do, then turn it off (a
+    /// [`reload`](crate::http::RateLimitLayer::reload) keeps the counts).
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
+    }
+
+    /// The plans the layer's limiter holds: the config's (each in shadow mode when the whole
+    /// layer is) and, for each rule in shadow mode, a shadow twin of each plan it uses, named
+    /// [`shadow_twin`].
+    pub(crate) fn limiter_plans(&self) -> Vec<(String, Plan)> {
+        let mut plans: Vec<(String, Plan)> = self
+            .plans
+            .iter()
+            .map(|(name, plan)| {
+                let plan = if self.shadow {
+                    plan.clone().strategy(Strategy::Shadow)
+                } else {
+                    plan.clone()
+                };
+                (name.clone(), plan)
+            })
+            .collect();
+        for rule in self.rules.iter().filter(|r| r.shadow) {
+            let used = std::iter::once(&rule.plan).chain(rule.tiers.iter().map(|(_, p)| p));
+            for name in used {
+                let twin = shadow_twin(name);
+                if plans.iter().any(|(n, _)| *n == twin) {
+                    continue;
+                }
+                if let Some((_, plan)) = self.plans.iter().find(|(n, _)| n == name) {
+                    plans.push((twin, plan.clone().strategy(Strategy::Shadow)));
+                }
+            }
+        }
+        plans
+    }
+
     /// The header style.
     pub fn header_style(&self) -> HeaderStyle {
         self.headers
@@ -394,6 +461,15 @@ impl HttpConfig {
 
     /// Checks the names used by rules, API keys and the default plan against the plans.
     pub(crate) fn validate(&self) -> Result<(), Error> {
+        if let Some((name, _)) = self.plans.iter().find(|(n, _)| n.ends_with(SHADOW_SUFFIX)) {
+            return Err(Error::Config {
+                line: None,
+                message: format!(
+                    "plans.{name}: a name ending in '{SHADOW_SUFFIX}' is kept for the shadow twins \
+                     of rules in shadow mode"
+                ),
+            });
+        }
         let known = |name: &str, what: String| {
             if self.plans.iter().any(|(n, _)| n == name) {
                 Ok(())

@@ -85,6 +85,8 @@ struct RawHttp {
     api_keys: Option<Spanned<HashMap<String, String>>>,
     exempt: Option<Spanned<Vec<String>>>,
     exempt_keys: Option<Vec<String>>,
+    #[serde(default)]
+    shadow: bool,
     routes: Option<Vec<Spanned<RawRule>>>,
     global: Option<Spanned<RawRule>>,
 }
@@ -98,6 +100,8 @@ struct RawRule {
     plan: Spanned<String>,
     #[serde(default)]
     shared: bool,
+    #[serde(default)]
+    shadow: bool,
     #[serde(default)]
     tiers: HashMap<String, String>,
 }
@@ -387,6 +391,7 @@ impl Ctx<'_> {
         }
         c.exempt_keys
             .extend(raw.exempt_keys.take().into_iter().flatten());
+        c.shadow = raw.shadow;
         Ok(())
     }
 
@@ -469,6 +474,9 @@ impl Ctx<'_> {
         }
         if raw.shared {
             rule.shared = true;
+        }
+        if raw.shadow {
+            rule.shadow = true;
         }
         if let Some(n) = raw.name {
             rule.name = n;

@@ -87,7 +87,8 @@ impl<C: Clock> RateLimitLayer<C> {
         let (allowed, plain) = match &charged {
             Ok(detailed) => {
                 let d = &detailed.decision;
-                let plain = d.reason() != Reason::SoftLimit && d.delay_ns() == 0;
+                let plain =
+                    !matches!(d.reason(), Reason::SoftLimit | Reason::Shadow) && d.delay_ns() == 0;
                 (d.is_allowed(), d.is_allowed() && plain)
             }
             Err(_) => (false, false),
@@ -140,6 +141,12 @@ impl<C: Clock> RateLimitLayer<C> {
                     .any(|c| c.detailed.decision.reason() == Reason::SoftLimit)
                 {
                     core.counters.soft_passed();
+                }
+                if checks
+                    .iter()
+                    .any(|c| c.detailed.decision.reason() == Reason::Shadow)
+                {
+                    core.counters.shadow_passed();
                 }
                 let delay = checks
                     .iter()

@@ -21,11 +21,11 @@ use http_body_util::Full;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::http::config::{HttpConfig, KeySource};
+use crate::http::config::{HttpConfig, KeySource, shadow_twin};
 use crate::http::keys::ClientKey;
 use crate::http::metrics::{Exposition, HttpCounters};
 use crate::limiter::Limiter;
-use crate::plan::PlanId;
+use crate::plan::{PlanId, Strategy};
 use crate::quota::Quota;
 use crate::sweep::Sweeper;
 
@@ -84,6 +84,8 @@ struct PlanInfo {
     quotas: Vec<Quota>,
     /// The plan as a client's own limit (labelled with the plan's name).
     policy: Policy,
+    /// In shadow mode: its decisions add no headers.
+    shadow: bool,
 }
 
 /// A rule with its plans resolved to ids.
@@ -280,7 +282,8 @@ impl<C: Clock> RateLimitLayer<C> {
         config.validate()?;
         old.config.same_limiter(&config)?;
         let limiter = &old.limiter;
-        limiter.set_plans(config.plans.iter().map(|(n, p)| (n.as_str(), p.clone())))?;
+        let plans = config.limiter_plans();
+        limiter.set_plans(plans.iter().map(|(n, p)| (n.as_str(), p.clone())))?;
         let kept = Kept {
             limiter: Arc::clone(limiter),
             counters: Arc::clone(&old.counters),
@@ -600,8 +603,8 @@ fn build_limiter<C: Clock>(
     if let Some(n) = config.max_keys {
         builder = builder.max_keys(n);
     }
-    for (name, plan) in &config.plans {
-        builder = builder.plan(name.clone(), plan.clone());
+    for (name, plan) in config.limiter_plans() {
+        builder = builder.plan(name, plan);
     }
     #[cfg(feature = "redis")]
     if let Some(redis) = config.redis.clone() {
@@ -622,7 +625,7 @@ fn plan_infos(
     id: &impl Fn(&str) -> Result<PlanId, Error>,
 ) -> Result<Vec<Option<PlanInfo>>, Error> {
     let mut plans: Vec<Option<PlanInfo>> = Vec::new();
-    for (name, plan) in &config.plans {
+    for (name, plan) in &config.limiter_plans() {
         let at = id(name)?.index();
         if plans.len() <= at {
             plans.resize_with(at + 1, || None);
@@ -630,6 +633,7 @@ fn plan_infos(
         plans[at] = Some(PlanInfo {
             quotas: plan.quotas().to_vec(),
             policy: Policy::new(name, plan.quotas()),
+            shadow: plan.strategy_kind() == Strategy::Shadow,
         });
     }
     Ok(plans)
@@ -649,11 +653,19 @@ fn compile_rules(
     }
     let mut rules = Vec::new();
     for r in &config.rules {
+        // A rule in shadow mode charges its plans' shadow twins.
+        let own = |plan: &str| {
+            if r.shadow {
+                id(&shadow_twin(plan))
+            } else {
+                id(plan)
+            }
+        };
         let mut tiers = HashMap::new();
         for (client, plan) in &r.tiers {
-            tiers.insert(id(client)?, id(plan)?);
+            tiers.insert(id(client)?, own(plan)?);
         }
-        let plan = id(&r.plan)?;
+        let plan = own(&r.plan)?;
         let mut policies = HashMap::new();
         for p in tiers.values().copied().chain([plan]) {
             let quotas = plan_info(plans, p).map_or(&[][..], |i| &i.quotas[..]);

@@ -138,19 +138,27 @@ impl<C: Clock> RateLimitLayer<C> {
         self.headers_for(checks).write(headers);
     }
 
-    /// The configured headers for `checks`, made now (see [`Made`]).
+    /// Whether check `c` is a limit's in shadow mode (it adds no headers).
+    fn shadowed(&self, c: &Check) -> bool {
+        plan_info(&self.shared.core.plans, c.plan).is_some_and(|p| p.shadow)
+    }
+
+    /// The configured headers for `checks`, made now (see [`Made`]); limits in shadow mode
+    /// add none.
     fn headers_for(&self, checks: &[Check]) -> Made {
+        let checks = checks.iter().filter(|c| !self.shadowed(c));
         let style = self.shared.core.config.headers;
         let mut made = Made::default();
-        let Some(first) = checks.first() else {
+        let Some(first) = checks.clone().next() else {
             return made;
         };
+        let single = checks.clone().nth(1).is_none();
         made.soft = checks
-            .iter()
+            .clone()
             .any(|c| c.detailed.decision.reason() == Reason::SoftLimit);
         if style.github() {
             let mut merged = first.detailed.decision;
-            for c in &checks[1..] {
+            for c in checks.clone().skip(1) {
                 merged.merge(&c.detailed.decision);
             }
             let epoch = self.shared.core.limiter.clock().unix_epoch_ns();
@@ -161,11 +169,11 @@ impl<C: Clock> RateLimitLayer<C> {
             ]);
         }
         if style.ietf() {
-            let policy = match checks {
-                [one] => self.policy(one).and_then(|p| p.header.clone()),
-                _ => {
+            let policy = match single {
+                true => self.policy(first).and_then(|p| p.header.clone()),
+                false => {
                     let mut items = String::new();
-                    for p in checks.iter().filter_map(|c| self.policy(c)) {
+                    for p in checks.clone().filter_map(|c| self.policy(c)) {
                         if !items.is_empty() {
                             items.push_str(", ");
                         }
@@ -174,7 +182,7 @@ impl<C: Clock> RateLimitLayer<C> {
                     HeaderValue::from_str(&items).ok()
                 }
             };
-            let mut state = String::with_capacity(32 * checks.len());
+            let mut state = String::with_capacity(32 * checks.clone().count());
             for c in checks {
                 let Some(policy) = self.policy(c) else {
                     continue;
