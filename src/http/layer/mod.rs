@@ -281,6 +281,10 @@ impl<C: Clock> RateLimitLayer<C> {
         let old = &current.shared.core;
         config.validate()?;
         old.config.same_limiter(&config)?;
+        #[cfg(feature = "redis")]
+        if config.redis_exact {
+            exact_serves(&config)?;
+        }
         let limiter = &old.limiter;
         let plans = config.limiter_plans();
         limiter.set_plans(plans.iter().map(|(n, p)| (n.as_str(), p.clone())))?;
