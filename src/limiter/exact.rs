@@ -18,7 +18,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
 use crate::plan::{Plan, PlanId, Strategy};
-use crate::redis::{RedisConfig, RedisLimiter};
+use crate::redis::{LocalShare, RedisConfig, RedisLimiter, ScriptCall};
 use crate::sync::{AtomicU64, Ordering};
 
 /// One plan on Redis.
@@ -297,5 +297,49 @@ impl<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<
             return Some(Ok(out.decision));
         }
         Some(x.sync_answer(key, plan, req.cost, mode))
+    }
+}
+
+impl<C: Clock + Clone> crate::redis::RedisBuilder<C> {
+    /// Checks the settings. Does not connect: a limiter starts while Redis is down.
+    ///
+    /// ```
+    /// use tollgate::{Error, Quota};
+    /// use tollgate::redis::RedisLimiter;
+    /// let bad = RedisLimiter::builder("redis://127.0.0.1:1/").quota(Quota::per_second(0)).build();
+    /// assert!(matches!(bad, Err(Error::ZeroLimit)));
+    /// let bad = RedisLimiter::builder("no-such-scheme://x").quota(Quota::per_second(5)).build();
+    /// assert!(matches!(bad, Err(Error::Config { .. })));
+    /// ```
+    pub fn build(self) -> Result<RedisLimiter<C>, Error> {
+        // The local share, an in-process limiter of each quota's share, is made here, above
+        // the Redis backend, and handed down to it.
+        let local = match self.shares()? {
+            None => None,
+            Some(shares) => {
+                let mut b = Limiter::<String>::builder().clock(self.local_clock().clone());
+                for q in shares {
+                    b = b.quota(q);
+                }
+                Some(Box::new(b.build()?) as Box<dyn LocalShare>)
+            }
+        };
+        self.build_with(local)
+    }
+}
+
+/// The local share of [`FailurePolicy::LocalShare`](crate::redis::FailurePolicy::LocalShare):
+/// the default plan of an in-process limiter of each quota's share.
+impl<C: Clock> LocalShare for Limiter<String, C> {
+    fn decide(&self, key: &str, cost: u64, call: ScriptCall) -> Option<Decision> {
+        let key = key.to_string();
+        let plan = PlanId::DEFAULT;
+        match call {
+            ScriptCall::Peek(_) => self.peek_in(&key, plan, cost).ok(),
+            ScriptCall::Reserve(max) => self
+                .reserve_in(&key, plan, cost, Duration::from_nanos(max))
+                .ok(),
+            ScriptCall::Check => self.check_n(&key, cost).ok(),
+        }
     }
 }

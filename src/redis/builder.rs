@@ -5,13 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::check_prefix;
-use super::exact::{Counters, Inner, RedisLimiter};
+use super::exact::{Counters, Inner, LocalShare, RedisLimiter};
 use super::link::{Breaker, BreakerConfig, Link, Target};
 use super::{FailurePolicy, RedisConfig, script};
 use crate::algo::{Algorithm, Kind, Rule};
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::Error;
-use crate::limiter::Limiter;
 use crate::plan::MAX_PARTS;
 use crate::quota::Quota;
 
@@ -97,19 +96,18 @@ impl Common {
         Ok(rules)
     }
 
-    /// The in-process limiter that answers for [`FailurePolicy::LocalShare`].
-    fn local_share<C: Clock>(&self, clock: C) -> Result<Option<Limiter<String, C>>, Error> {
+    /// Each quota's share for [`FailurePolicy::LocalShare`] (`None` under another policy): a
+    /// `nodes`-th of its limit and burst, at least 1.
+    pub(crate) fn shares(&self) -> Option<Vec<Quota>> {
         let FailurePolicy::LocalShare { nodes } = self.policy else {
-            return Ok(None);
+            return None;
         };
-        let mut b = Limiter::<String>::builder().clock(clock);
-        for q in &self.quotas {
-            let share = Quota::new((q.limit() / nodes).max(1), q.period())
+        let share = |q: &Quota| {
+            Quota::new((q.limit() / nodes).max(1), q.period())
                 .burst((q.burst_size() / nodes).max(1))
-                .algorithm(q.algo());
-            b = b.quota(share);
-        }
-        b.build().map(Some)
+                .algorithm(q.algo())
+        };
+        Some(self.quotas.iter().map(share).collect())
     }
 }
 
@@ -217,23 +215,30 @@ impl<C: Clock + Clone> RedisBuilder<C> {
         }
     }
 
-    /// Checks the settings. Does not connect: a limiter starts while Redis is down.
-    ///
-    /// ```
-    /// use tollgate::{Error, Quota};
-    /// use tollgate::redis::RedisLimiter;
-    /// let bad = RedisLimiter::builder("redis://127.0.0.1:1/").quota(Quota::per_second(0)).build();
-    /// assert!(matches!(bad, Err(Error::ZeroLimit)));
-    /// let bad = RedisLimiter::builder("no-such-scheme://x").quota(Quota::per_second(5)).build();
-    /// assert!(matches!(bad, Err(Error::Config { .. })));
-    /// ```
-    pub fn build(self) -> Result<RedisLimiter<C>, Error> {
+    /// Each quota's share under [`FailurePolicy::LocalShare`] (`None` under another policy),
+    /// once the settings are checked: what the local share that `build` makes holds.
+    pub(crate) fn shares(&self) -> Result<Option<Vec<Quota>>, Error> {
+        self.common.rules()?;
+        self.common.target.clone()?;
+        Ok(self.common.shares())
+    }
+
+    /// The local clock.
+    pub(crate) fn local_clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// The limiter, its local share (`local`, built from [`shares`](Self::shares)) answering
+    /// for [`FailurePolicy::LocalShare`]. `build`, in `limiter/local_share.rs`.
+    pub(crate) fn build_with(
+        self,
+        local: Option<Box<dyn LocalShare>>,
+    ) -> Result<RedisLimiter<C>, Error> {
         let rules = self.common.rules()?;
         let target = self.common.target.clone()?;
         let kinds: Vec<Kind> = rules.iter().map(|r| r.kind).collect();
         let source = script::source(&kinds);
         let script = ::redis::Script::new(&source);
-        let local = self.common.local_share(self.clock.clone())?;
         Ok(RedisLimiter {
             inner: Arc::new(Inner {
                 max_cost: rules.iter().map(|r| r.capacity).min().unwrap_or(0),

@@ -41,7 +41,8 @@ use crate::error::Error;
 #[derive(Clone)]
 pub struct RedisConfig {
     pub(crate) target: Result<Target, Error>,
-    /// The URL or seed nodes `target` was made from (to tell two configs apart).
+    /// The URL or seed nodes `target` was made from (to tell two configs apart on a reload).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) nodes: Vec<String>,
     pub(crate) interval: Duration,
     pub(crate) prefix: String,
@@ -67,6 +68,7 @@ impl RedisConfig {
     }
 
     /// Whether `other` reaches the same Redis with the same settings.
+    #[cfg(feature = "http")]
     pub(crate) fn same_as(&self, other: &RedisConfig) -> bool {
         self.nodes == other.nodes && format!("{self:?}") == format!("{other:?}")
     }

@@ -14,7 +14,6 @@ use crate::algo::{Kind, Rule};
 use crate::clock::{Clock, MonotonicClock, nanos};
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::limiter::Limiter;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Exact mode: every decision is one atomic Lua script on Redis. Cheap to clone (clones share
@@ -64,7 +63,7 @@ pub(super) struct Inner<C> {
     pub(super) prefix: String,
     pub(super) deadline: Duration,
     pub(super) policy: FailurePolicy,
-    pub(super) local: Option<Limiter<String, C>>,
+    pub(super) local: Option<Box<dyn LocalShare>>,
     pub(super) clock: C,
     pub(super) counters: Counters,
 }
@@ -439,22 +438,20 @@ impl<C: Clock> RedisLimiter<C> {
         self.inner
             .local
             .as_ref()
-            .and_then(|l| {
-                let key = key.to_string();
-                let plan = l.plan("default")?;
-                match call {
-                    Call::Peek(_) => l.peek_in(&key, plan, cost).ok(),
-                    Call::Reserve(max) => l
-                        .reserve_in(&key, plan, cost, Duration::from_nanos(max))
-                        .ok(),
-                    Call::Check => l.check_n(&key, cost).ok(),
-                }
-            })
+            .and_then(|l| l.decide(key, cost, call))
             .unwrap_or(Decision {
                 limit,
                 ..Decision::denied(Reason::Limited, 0)
             })
     }
+}
+
+/// What answers for [`FailurePolicy::LocalShare`] while Redis cannot: the share of every quota
+/// this process keeps in memory. An in-process limiter, built above this module (the limiter
+/// depends on the Redis backend, not the other way round): `limiter/local_share.rs`.
+pub(crate) trait LocalShare: Send + Sync {
+    /// The share's decision of `call` for `key` (`None`: it cannot decide, a denial).
+    fn decide(&self, key: &str, cost: u64, call: Call) -> Option<Decision>;
 }
 
 /// True for an error that concerns one key's contents, not the server's health: a value of the

@@ -38,8 +38,10 @@ mod tests;
 pub(crate) mod track;
 
 pub(crate) use builder::common_setters;
+pub(crate) use exact::LocalShare;
 pub(crate) use name::state_key;
 pub(crate) use policy::{CountsDegraded, Fallback};
+pub(crate) use script::Call as ScriptCall;
 
 pub use builder::{DEFAULT_DEADLINE, RedisBuilder};
 pub use config::RedisConfig;
