@@ -33,8 +33,9 @@ pub const MAX_HOPS: usize = 64;
 /// use std::net::IpAddr;
 /// use tollgate::http::ClientKey;
 /// let ip: IpAddr = "192.0.2.7".parse().unwrap();
-/// let k = ClientKey::Composite(vec![ClientKey::Ip(ip), ClientKey::ApiKey("k1".into())].into());
+/// let k = ClientKey::composite([ClientKey::ip(ip), ClientKey::api_key("k1")]);
 /// assert_eq!(k.to_string(), "ip:192.0.2.7+api_key:k1");
+/// assert_eq!(ClientKey::user(String::from("bob")), ClientKey::User("bob".into()));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -50,6 +51,32 @@ pub enum ClientKey {
     Composite(Box<[ClientKey]>),
     /// Requests that carry no usable key under [`OnBadKey::Shared`]: one bucket for all of them.
     Unidentified,
+}
+
+impl ClientKey {
+    /// A client address as the layer keys it ([`client_ip_key`] with the default prefix):
+    /// IPv4-mapped IPv6 folded to IPv4, IPv6 grouped by its /64.
+    ///
+    /// ```
+    /// use tollgate::http::ClientKey;
+    /// let k = ClientKey::ip("2001:db8:1:2::77".parse().unwrap());
+    /// assert_eq!(k.to_string(), "ip:2001:db8:1:2::");
+    /// ```
+    pub fn ip(addr: IpAddr) -> ClientKey {
+        ClientKey::Ip(client_ip_key(addr, crate::ip::DEFAULT_V6_PREFIX))
+    }
+    /// An API key (a `&str`, a `String`, a `Box<str>`), taken as given.
+    pub fn api_key(key: impl Into<Box<str>>) -> ClientKey {
+        ClientKey::ApiKey(key.into())
+    }
+    /// An authenticated user's id (a `&str`, a `String`, a `Box<str>`), taken as given.
+    pub fn user(id: impl Into<Box<str>>) -> ClientKey {
+        ClientKey::User(id.into())
+    }
+    /// Several keys at once: one bucket per combination.
+    pub fn composite(parts: impl IntoIterator<Item = ClientKey>) -> ClientKey {
+        ClientKey::Composite(parts.into_iter().collect())
+    }
 }
 
 impl fmt::Display for ClientKey {

@@ -85,6 +85,7 @@ struct RawHttp {
     api_keys: Option<Spanned<HashMap<String, String>>>,
     exempt: Option<Spanned<Vec<String>>>,
     exempt_keys: Option<Vec<String>>,
+    exempt_paths: Option<Vec<String>>,
     routes: Option<Vec<Spanned<RawRule>>>,
     global: Option<Spanned<RawRule>>,
 }
@@ -98,6 +99,8 @@ struct RawRule {
     plan: Spanned<String>,
     #[serde(default)]
     shared: bool,
+    #[serde(default)]
+    replaces_plan: bool,
     #[serde(default)]
     tiers: HashMap<String, String>,
 }
@@ -370,7 +373,7 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// Who is never limited: `exempt` networks and `exempt_keys`.
+    /// Who is never limited: `exempt` networks, `exempt_keys` and `exempt_paths`.
     fn apply_exemptions(&self, c: &mut HttpConfig, raw: &mut RawHttp) -> Result<(), Error> {
         if let Some(t) = raw.exempt.take() {
             let at = t.span().start;
@@ -387,6 +390,8 @@ impl Ctx<'_> {
         }
         c.exempt_keys
             .extend(raw.exempt_keys.take().into_iter().flatten());
+        c.exempt_paths
+            .extend(raw.exempt_paths.take().into_iter().flatten());
         Ok(())
     }
 
@@ -469,6 +474,9 @@ impl Ctx<'_> {
         }
         if raw.shared {
             rule.shared = true;
+        }
+        if raw.replaces_plan {
+            rule.replaces_plan = true;
         }
         if let Some(n) = raw.name {
             rule.name = n;
