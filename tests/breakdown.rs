@@ -352,7 +352,14 @@ mod http_metrics {
             7.0
         );
         assert_eq!(sample(&s, "tollgate_http_requests_total", &[]), 9.0);
-        assert_eq!(sample(&s, "tollgate_http_limited_total", &[]), 2.0);
+        assert_eq!(
+            sample(&s, "tollgate_http_limited_total", &[("limit", "plan:free/0")]),
+            2.0
+        );
+        assert_eq!(
+            sample(&s, "tollgate_http_limited_total", &[("limit", "plan:pro/0")]),
+            0.0
+        );
         assert_eq!(
             sample(&s, "tollgate_rule_keys", &[("rule", "token_bucket 2/1m")]),
             1.0

@@ -352,6 +352,18 @@ impl HttpConfig {
         self.api_keys.insert(api_key.into(), plan.into());
         self
     }
+    /// Replaces the API key table (`http.api_keys`): each API key with its plan. An empty
+    /// table leaves plans to a [resolver](crate::http::RateLimitLayer::resolver) or the default.
+    pub fn api_keys<K: Into<String>, P: Into<String>>(
+        mut self,
+        table: impl IntoIterator<Item = (K, P)>,
+    ) -> Self {
+        self.api_keys = table
+            .into_iter()
+            .map(|(k, p)| (k.into(), p.into()))
+            .collect();
+        self
+    }
     /// The most keys the limiter tracks (default the engine's, 1,000,000).
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = Some(n);
