@@ -352,12 +352,15 @@ mod http_metrics {
             7.0
         );
         assert_eq!(sample(&s, "tollgate_http_requests_total", &[]), 9.0);
+        // One denial by each plan, each under its own label.
+        for label in ["plan:free/0", "plan:pro/0"] {
+            assert_eq!(
+                sample(&s, "tollgate_http_limited_total", &[("limit", label)]),
+                1.0
+            );
+        }
         assert_eq!(
-            sample(&s, "tollgate_http_limited_total", &[("limit", "plan:free/0")]),
-            2.0
-        );
-        assert_eq!(
-            sample(&s, "tollgate_http_limited_total", &[("limit", "plan:pro/0")]),
+            sample(&s, "tollgate_http_limited_total", &[("limit", "table_full")]),
             0.0
         );
         assert_eq!(

@@ -425,3 +425,98 @@ async fn a_hand_written_middleware_writes_the_layers_headers() {
         }
     }
 }
+
+/// Every code example in the HTTP layer's rustdoc and in `docs/http.md` names only `axum`,
+/// `tollgate` and the standard library, so a user can follow it with just those two
+/// dependencies (the doc tests compile each one).
+#[test]
+fn rustdoc_examples_need_only_axum_and_tollgate() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut files = vec![format!("{root}/docs/http.md")];
+    let mut dirs = vec![format!("{root}/src/http")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path.display().to_string());
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path.display().to_string());
+            }
+        }
+    }
+    let allowed = ["axum", "tollgate", "std", "core", "alloc", "crate", "self", "super"];
+    let mut examples = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let (mut in_fence, mut in_code) = (false, false);
+        for (n, line) in text.lines().enumerate() {
+            let doc = if file.ends_with(".md") {
+                Some(line)
+            } else {
+                let t = line.trim_start();
+                t.strip_prefix("///").or_else(|| t.strip_prefix("//!"))
+            };
+            let Some(doc) = doc else {
+                (in_fence, in_code) = (false, false);
+                continue;
+            };
+            if let Some(lang) = doc.trim_start().strip_prefix("```") {
+                in_fence = !in_fence;
+                in_code = in_fence && (lang.is_empty() || lang.starts_with("rust"));
+                examples += usize::from(in_code);
+                continue;
+            }
+            if !in_code {
+                continue;
+            }
+            // A `use` names its crate first; elsewhere, every `name::` that starts a path
+            // (not `axum::http::`, `tollgate::http::`, a turbofish).
+            let code = doc.trim_start().trim_start_matches("# ");
+            if let Some(path) = code.strip_prefix("use ") {
+                let root = path.split("::").next().unwrap_or("");
+                assert!(
+                    allowed.contains(&root),
+                    "{file}:{}: `use {root}` in a doc example needs a dependency beyond axum \
+                     and tollgate",
+                    n + 1
+                );
+                continue;
+            }
+            // String literals blanked: addresses like "2001:db8::1" are no paths.
+            let mut doc = doc.to_string();
+            while let Some(open) = doc.find("r#\"") {
+                let close = doc[open + 3..].find("\"#").map_or(doc.len(), |c| open + 5 + c);
+                doc.replace_range(open..close, &" ".repeat(close - open));
+            }
+            let mut quoted = false;
+            let doc: String = doc
+                .chars()
+                .map(|c| {
+                    if c == '"' {
+                        quoted = !quoted;
+                    }
+                    if quoted { ' ' } else { c }
+                })
+                .collect();
+            for (at, _) in doc.match_indices("::") {
+                let start = doc[..at]
+                    .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .map_or(0, |i| i + 1);
+                let name = &doc[start..at];
+                let starts_path = start == 0 || !doc[..start].ends_with("::");
+                let is_type = name.starts_with(|c: char| c.is_ascii_uppercase());
+                let turbofish = doc[at + 2..].starts_with('<');
+                if name.is_empty() || !starts_path || is_type || turbofish {
+                    continue;
+                }
+                assert!(
+                    allowed.contains(&name),
+                    "{file}:{}: `{name}::` in a doc example needs a dependency beyond axum and \
+                     tollgate: {doc}",
+                    n + 1
+                );
+            }
+        }
+    }
+    assert!(examples > 20, "{examples} examples read");
+}

@@ -461,7 +461,7 @@ pub fn client_ip(peer: IpAddr, hops: &[Hop], trusted: &TrustedProxies) -> Result
 /// list (as HTTP list syntax says). The result is grouped by [`client_ip_key`] with `v6_prefix`.
 ///
 /// ```
-/// use http::HeaderMap;
+/// use axum::http::HeaderMap;
 /// use tollgate::http::{ForwardedHeader, TrustedProxies, client_ip_from_headers};
 /// let mut headers = HeaderMap::new();
 /// headers.append("x-forwarded-for", "2001:db8:1:2::77".parse().unwrap());
@@ -513,7 +513,7 @@ pub(crate) fn walk_headers(
 /// The API key from header `name`: visible ASCII, 1 to [`MAX_KEY_LEN`] bytes.
 ///
 /// ```
-/// use http::HeaderMap;
+/// use axum::http::HeaderMap;
 /// use tollgate::http::{KeyError, api_key_from_headers};
 /// let mut h = HeaderMap::new();
 /// assert_eq!(api_key_from_headers(&h, "x-api-key"), Err(KeyError::NoApiKey));
