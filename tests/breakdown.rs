@@ -360,7 +360,11 @@ mod http_metrics {
             );
         }
         assert_eq!(
-            sample(&s, "tollgate_http_limited_total", &[("limit", "table_full")]),
+            sample(
+                &s,
+                "tollgate_http_limited_total",
+                &[("limit", "table_full")]
+            ),
             0.0
         );
         assert_eq!(

@@ -673,8 +673,14 @@ key = ["user", "ip"]
     );
     // A request without a user is anonymous, not a bad key.
     let metrics = layer.metrics();
-    assert!(metrics.contains("tollgate_http_anonymous_total 1\n"), "{metrics}");
-    assert!(metrics.contains("tollgate_http_bad_key_total 0\n"), "{metrics}");
+    assert!(
+        metrics.contains("tollgate_http_anonymous_total 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tollgate_http_bad_key_total 0\n"),
+        "{metrics}"
+    );
 }
 
 #[test]

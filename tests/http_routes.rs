@@ -99,7 +99,10 @@ async fn a_rule_that_replaces_the_plan_is_the_only_limit_on_its_route() {
     assert_eq!(layer.limiter().peek(&free).remaining(), 0);
     // Which limit denied, by label: the rule's part, never a client.
     assert_eq!(
-        metric(&layer, "tollgate_http_limited_total{limit=\"rule:/users/{id}/export/0\"}"),
+        metric(
+            &layer,
+            "tollgate_http_limited_total{limit=\"rule:/users/{id}/export/0\"}"
+        ),
         1
     );
     assert_eq!(
@@ -125,7 +128,11 @@ async fn exempt_paths_pass_unkeyed_and_uncharged() {
         get_req(&client, addr, "/files/", &[]).await.status,
         StatusCode::NOT_FOUND
     );
-    for want in [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
+    for want in [
+        StatusCode::OK,
+        StatusCode::OK,
+        StatusCode::TOO_MANY_REQUESTS,
+    ] {
         assert_eq!(get_req(&client, addr, "/", &[]).await.status, want);
     }
     assert_eq!(metric(&layer, "tollgate_http_exempt_total"), 15);
@@ -188,19 +195,25 @@ fn rules_that_could_never_apply_are_construction_errors() {
         "http.rules[0].path: every request to '/health' is exempt (exempt_paths[0] = \
          '/health'), so the rule could never apply"
     );
-    let src = format!("{PLANS}[[http.routes]]\npath = \"/a/{{id}}\"\nplan = \"export\"\nreplaces_plan = true\n");
+    let src = format!(
+        "{PLANS}[[http.routes]]\npath = \"/a/{{id}}\"\nplan = \"export\"\nreplaces_plan = true\n"
+    );
     assert!(HttpConfig::parse(&src).is_ok());
 }
 
 #[test]
 fn settings_that_cannot_take_effect_are_warned_about() {
-    let plans = "[plans.free]\nlimit = 3\nwindow = \"1m\"\n[plans.pro]\nlimit = 9\nwindow = \"1m\"\n";
+    let plans =
+        "[plans.free]\nlimit = 3\nwindow = \"1m\"\n[plans.pro]\nlimit = 9\nwindow = \"1m\"\n";
     let by_ip = || HttpConfig::parse(plans).unwrap();
     let user = |_: &axum::http::request::Parts| Some("bob");
     let never_called = "the user extractor (`.user`) is never called: `http.key` is [\"ip\"], \
                         without \"user\"";
     let cases: Vec<(RateLimitLayer, Vec<&str>)> = vec![
-        (RateLimitLayer::new(by_ip()).unwrap().user(user), vec![never_called]),
+        (
+            RateLimitLayer::new(by_ip()).unwrap().user(user),
+            vec![never_called],
+        ),
         (
             RateLimitLayer::new(by_ip().key([KeySource::User]))
                 .unwrap()
@@ -219,9 +232,13 @@ fn settings_that_cannot_take_effect_are_warned_about() {
             ],
         ),
         (
-            RateLimitLayer::new(by_ip().api_key_plan("k-1", "pro").api_key_plan("k-2", "pro"))
-                .unwrap()
-                .resolver(|_, _| async { None }),
+            RateLimitLayer::new(
+                by_ip()
+                    .api_key_plan("k-1", "pro")
+                    .api_key_plan("k-2", "pro"),
+            )
+            .unwrap()
+            .resolver(|_, _| async { None }),
             vec![
                 "the resolver (`.resolver`) replaces the `http.api_keys` table: its 2 key(s) \
                  are never read",
@@ -282,7 +299,9 @@ fn a_warning_is_logged_once_when_its_hook_is_set() {
     });
     assert_eq!(
         *seen.0.lock().unwrap(),
-        ["the resolver (`.resolver`) replaces the `http.api_keys` table: its 1 key(s) are never read"]
+        [
+            "the resolver (`.resolver`) replaces the `http.api_keys` table: its 1 key(s) are never read"
+        ]
     );
 }
 
@@ -300,7 +319,13 @@ async fn the_example_keys_each_user_apart() {
     }
     assert_eq!(layer.limiter().len(), 7 + 1); // each user's plan, and the shared global rule
     // The customer database names the plan.
-    let r = get_req(&client, addr, "/", &[("x-user", "u1"), ("x-api-key", "demo-pro-key")]).await;
+    let r = get_req(
+        &client,
+        addr,
+        "/",
+        &[("x-user", "u1"), ("x-api-key", "demo-pro-key")],
+    )
+    .await;
     assert_eq!(
         r.header("ratelimit-policy"),
         Some("\"pro.0\";q=5;w=1, \"pro.1\";q=1000;w=3600;burst=100, \"global\";q=100;w=1")
@@ -360,7 +385,10 @@ api_keys = { "k-pro" = "pro" }
         .block(&pro, std::time::Duration::from_secs(60));
     let r = get_req(&client, addr, "/", &[("x-api-key", "k-pro")]).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(metric(&layer, "tollgate_http_limited_total{limit=\"blocked\"}"), 1);
+    assert_eq!(
+        metric(&layer, "tollgate_http_limited_total{limit=\"blocked\"}"),
+        1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -412,7 +440,12 @@ async fn a_hand_written_middleware_writes_the_layers_headers() {
             .on_bad_key(tollgate::http::OnBadKey::Shared),
         &clock,
     )
-    .user(|p| p.headers.get("x-user").and_then(|v| v.to_str().ok()).map(str::to_string));
+    .user(|p| {
+        p.headers
+            .get("x-user")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    });
     let ours = serve(app).await;
     let theirs = serve(routes(layer)).await;
     let client = client_from("127.0.0.65");
@@ -420,7 +453,13 @@ async fn a_hand_written_middleware_writes_the_layers_headers() {
         let a = get_req(&client, ours, "/", &[("x-user", "ann")]).await;
         let b = get_req(&client, theirs, "/", &[("x-user", "ann")]).await;
         assert_eq!(a.status, b.status);
-        for name in ["x-ratelimit-limit", "x-ratelimit-remaining", "ratelimit-policy", "ratelimit", "retry-after"] {
+        for name in [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "ratelimit-policy",
+            "ratelimit",
+            "retry-after",
+        ] {
             assert_eq!(a.header(name), b.header(name), "{name}");
         }
     }
@@ -444,7 +483,9 @@ fn rustdoc_examples_need_only_axum_and_tollgate() {
             }
         }
     }
-    let allowed = ["axum", "tollgate", "std", "core", "alloc", "crate", "self", "super"];
+    let allowed = [
+        "axum", "tollgate", "std", "core", "alloc", "crate", "self", "super",
+    ];
     let mut examples = 0;
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();
@@ -485,7 +526,9 @@ fn rustdoc_examples_need_only_axum_and_tollgate() {
             // String literals blanked: addresses like "2001:db8::1" are no paths.
             let mut doc = doc.to_string();
             while let Some(open) = doc.find("r#\"") {
-                let close = doc[open + 3..].find("\"#").map_or(doc.len(), |c| open + 5 + c);
+                let close = doc[open + 3..]
+                    .find("\"#")
+                    .map_or(doc.len(), |c| open + 5 + c);
                 doc.replace_range(open..close, &" ".repeat(close - open));
             }
             let mut quoted = false;

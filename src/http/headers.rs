@@ -127,7 +127,7 @@ impl<'a> RateLimitHeaders<'a> {
     pub fn new(style: HeaderStyle) -> Self {
         let unix_now_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| crate::clock::nanos(d));
+            .map_or(0, crate::clock::nanos);
         Self::at(style, unix_now_ns)
     }
 

@@ -480,7 +480,9 @@ impl HttpConfig {
         };
         let mut exempt = Vec::with_capacity(self.exempt_paths.len());
         for (i, p) in self.exempt_paths.iter().enumerate() {
-            exempt.push(PathPattern::parse(p).map_err(|why| bad(format!("http.exempt_paths[{i}]"), why))?);
+            exempt.push(
+                PathPattern::parse(p).map_err(|why| bad(format!("http.exempt_paths[{i}]"), why))?,
+            );
         }
         let mut rules = Vec::with_capacity(self.rules.len());
         for (i, r) in self.rules.iter().enumerate() {
@@ -496,8 +498,8 @@ impl HttpConfig {
                 rules.push(None);
                 continue;
             };
-            let pattern =
-                PathPattern::parse(path).map_err(|why| bad(format!("http.rules[{i}].path"), why))?;
+            let pattern = PathPattern::parse(path)
+                .map_err(|why| bad(format!("http.rules[{i}].path"), why))?;
             if let Some(at) = exempt.iter().position(|e| e.covers(&pattern)) {
                 return Err(bad(
                     format!("http.rules[{i}].path"),

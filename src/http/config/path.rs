@@ -214,7 +214,10 @@ mod tests {
                 "'/a b' holds ' ', which no request path has (a path is visible ASCII without \
                  '?' or '#'; percent-encode anything else as clients send it)",
             ),
-            ("/users/{}/x", "'/users/{}/x': '{}' is not a parameter (`{id}`)"),
+            (
+                "/users/{}/x",
+                "'/users/{}/x': '{}' is not a parameter (`{id}`)",
+            ),
             (
                 "/users/{id",
                 "'/users/{id': a parameter is a whole segment ('/{id}/'), not '{id'",

@@ -6,8 +6,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use http::StatusCode;
 
-use super::{Answer, RateLimitLayer};
 use super::response::reject;
+use super::{Answer, RateLimitLayer};
 use crate::clock::Clock;
 use crate::http::config::KeySource;
 use crate::http::grpc;
@@ -132,7 +132,7 @@ impl<C: Clock> RateLimitLayer<C> {
     #[inline]
     fn key_of(&self, parts: &http::request::Parts) -> Result<ClientKey, Rejection> {
         if let Some(extract) = &self.shared.hooks.key {
-            return extract(parts).map_err(|r| Rejection::Custom(Box::new(r)));
+            return extract(parts).map_err(Rejection::Custom);
         }
         match self.client_key(parts) {
             Ok(k) => Ok(k),
@@ -246,10 +246,7 @@ impl<C: Clock> RateLimitLayer<C> {
     // The answer is the response the future returns by value anyway: boxing it would only add
     // an allocation to the denial path.
     #[allow(clippy::result_large_err)]
-    pub(super) fn front(
-        &self,
-        parts: &http::request::Parts,
-    ) -> Result<Front, Answer> {
+    pub(super) fn front(&self, parts: &http::request::Parts) -> Result<Front, Answer> {
         let core = &self.shared.core;
         core.counters.request();
         if !core.exempt_paths.is_empty() {
@@ -277,11 +274,7 @@ impl<C: Clock> RateLimitLayer<C> {
 
     /// The 400 for a request without a usable key; the 500 for a server that does not pass the
     /// peer address (see [`no_peer`](Self::no_peer)).
-    pub(super) fn bad_key(
-        &self,
-        parts: &http::request::Parts,
-        e: KeyError,
-    ) -> Answer {
+    pub(super) fn bad_key(&self, parts: &http::request::Parts, e: KeyError) -> Answer {
         if e == KeyError::NoPeer {
             return self.no_peer(parts);
         }

@@ -46,7 +46,8 @@ pub(crate) type Answer = axum::response::Response;
 
 type Resolver = dyn Fn(&http::request::Parts, &ClientKey) -> PlanFuture + Send + Sync;
 type UserFn = dyn Fn(&http::request::Parts) -> Option<Box<str>> + Send + Sync;
-type KeyFn = dyn Fn(&http::request::Parts) -> Result<ClientKey, Answer> + Send + Sync;
+/// A key, or the rejection (boxed: a response is large, and a key is the common answer).
+type KeyFn = dyn Fn(&http::request::Parts) -> Result<ClientKey, Box<Answer>> + Send + Sync;
 type DenyFn = dyn Fn(&Denied<'_>) -> Answer + Send + Sync;
 type CostFn = dyn Fn(&http::request::Parts) -> u64 + Send + Sync;
 type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
@@ -388,7 +389,7 @@ impl<C: Clock> RateLimitLayer<C> {
         R: IntoResponse,
     {
         let boxed = move |parts: &http::request::Parts| {
-            extract(parts).map_err(IntoResponse::into_response)
+            extract(parts).map_err(|r| Box::new(r.into_response()))
         };
         self.set_hook(|h| h.key = Some(Arc::new(boxed)));
         self.warn_new("key_extractor");
@@ -489,7 +490,10 @@ impl<C: Clock> RateLimitLayer<C> {
     /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn warnings(&self) -> Vec<String> {
-        self.warnings_by_hook().into_iter().map(|(_, w)| w).collect()
+        self.warnings_by_hook()
+            .into_iter()
+            .map(|(_, w)| w)
+            .collect()
     }
 
     /// [`warnings`](Self::warnings), each with the hooks whose setting makes it.

@@ -14,8 +14,8 @@ use super::charge::{Check, Checks, Passed, refund_all};
 use super::{Answer, Denied, Limit, RateLimitLayer, plan_info};
 use crate::clock::Clock;
 use crate::decision::Reason;
-use crate::http::keys::ClientKey;
 use crate::http::headers::{Made, RateLimitHeaders, insert_num};
+use crate::http::keys::ClientKey;
 use crate::http::metrics::LimitLabels;
 use crate::http::{format, grpc};
 
@@ -224,7 +224,8 @@ pub(super) fn reject(
     message: &str,
 ) -> Answer {
     if grpc::is_grpc(parts) {
-        return grpc::status(grpc_code, &format!("{error}: {message}"), None).map(RateLimitBody::new);
+        return grpc::status(grpc_code, &format!("{error}: {message}"), None)
+            .map(RateLimitBody::new);
     }
     let body = serde_json::json!({ "error": error, "message": message }).to_string();
     let mut resp = Response::new(RateLimitBody::from(body));
