@@ -276,6 +276,41 @@ impl<'a> RateLimitHeaders<'a> {
 /// assert_eq!(map["ratelimit"], r#""free";r=99;t=36"#);
 /// # Ok::<(), tollgate::Error>(())
 /// ```
+///
+/// A hand-written axum middleware (the same shape serves actix-web or poem: check, then copy
+/// the map into the response):
+///
+/// ```
+/// use std::sync::Arc;
+/// use axum::extract::Request;
+/// use axum::http::StatusCode;
+/// use axum::middleware::{Next, from_fn};
+/// use axum::response::{IntoResponse, Response};
+/// use axum::{Router, routing::get};
+/// use tollgate::http::{HeaderPolicy, HeaderStyle, headers};
+/// use tollgate::{Limiter, Quota};
+///
+/// let quota = Quota::per_minute(60);
+/// let limiter = Arc::new(Limiter::<String>::builder().quota(quota).build()?);
+/// let policy = Arc::new(HeaderPolicy::new("default", &[quota]));
+/// let limit = move |req: Request, next: Next| {
+///     let (limiter, policy) = (Arc::clone(&limiter), Arc::clone(&policy));
+///     async move {
+///         let tenant = req.headers().get("x-tenant").and_then(|v| v.to_str().ok());
+///         let decision = limiter.check(&tenant.unwrap_or("anonymous").to_string());
+///         let mut response: Response = if decision.is_allowed() {
+///             next.run(req).await
+///         } else {
+///             (StatusCode::TOO_MANY_REQUESTS, "slow down").into_response()
+///         };
+///         response.headers_mut().extend(headers(&decision, &policy, HeaderStyle::Both));
+///         response
+///     }
+/// };
+/// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(from_fn(limit));
+/// # let _ = app;
+/// # Ok::<(), tollgate::Error>(())
+/// ```
 pub fn headers(decision: &Decision, policy: &HeaderPolicy, style: HeaderStyle) -> HeaderMap {
     let mut made = RateLimitHeaders::new(style);
     made.limit(policy, decision);

@@ -45,3 +45,8 @@ pub use keys::{
 pub use layer::{
     Denied, HttpKey, PlanFuture, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture,
 };
+
+/// The HTTP guide (`docs/http.md`): its examples compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/http.md")]
+struct Guide;
