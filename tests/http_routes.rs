@@ -59,14 +59,26 @@ window = "1d"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rule_that_replaces_the_plan_is_the_only_limit_on_its_route() {
-    let clock = FakeClock::new();
-    let config = HttpConfig::parse(PLANS)
+    let in_code = HttpConfig::parse(PLANS)
         .unwrap()
         .rule(Rule::route("/users/{id}/export", "export").replaces_plan())
         .rule(Rule::route("/users/{id}/report", "report"));
+    let in_toml = HttpConfig::parse(&format!(
+        "{PLANS}[[http.routes]]\npath = \"/users/{{id}}/export\"\nplan = \"export\"\n\
+         replaces_plan = true\n[[http.routes]]\npath = \"/users/{{id}}/report\"\nplan = \"report\"\n"
+    ))
+    .unwrap();
+    for (config, from) in [(in_code, "127.0.0.61"), (in_toml, "127.0.0.66")] {
+        replaced_on_its_route(config, from).await;
+    }
+}
+
+/// Exports under their rule alone, reports under the rule and the plan, from address `from`.
+async fn replaced_on_its_route(config: HttpConfig, from: &str) {
+    let clock = FakeClock::new();
     let layer = layer(config, &clock);
     let addr = serve(routes(layer.clone())).await;
-    let client = client_from("127.0.0.61");
+    let client = client_from(from);
     // Two exports under the rule alone: the free plan is not spent, and not in the headers.
     for (path, remaining) in [("/users/7/export", 1), ("/users/8/export", 0)] {
         let r = get_req(&client, addr, path, &[]).await;
@@ -81,7 +93,7 @@ async fn a_rule_that_replaces_the_plan_is_the_only_limit_on_its_route() {
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     let free = HttpKey {
         rule: None,
-        client: ClientKey::ip("127.0.0.61".parse().unwrap()),
+        client: ClientKey::ip(from.parse().unwrap()),
     };
     // Untouched: a peek (what one more request would leave) says 2 of 3.
     assert_eq!(layer.limiter().peek(&free).remaining(), 2);

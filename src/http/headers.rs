@@ -191,6 +191,7 @@ impl<'a> RateLimitHeaders<'a> {
                 items.push_str(&policy.items);
             }
         }
+        self.state.reserve(32 * policy.names.len());
         for (i, d) in parts {
             let Some(name) = policy.names.get(i) else {
                 continue;
