@@ -113,7 +113,7 @@ impl<C: Clock> RateLimitLayer<C> {
                 None => {
                     core.warned_no_user.call_once(|| {
                         #[cfg(feature = "tracing")]
-                        tracing::warn!(target: "tollgate", "{}", super::NO_USER_FN);
+                        tracing::warn!(target: "tollgate", "{}", super::warnings::NO_USER_FN);
                     });
                     Err(KeyError::NoUser)
                 }

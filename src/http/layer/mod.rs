@@ -30,6 +30,7 @@ mod charge;
 mod front;
 mod response;
 mod service;
+mod warnings;
 
 pub use front::HttpKey;
 pub use response::{RateLimitBody, ResponseFuture};
@@ -51,10 +52,6 @@ type KeyFn = dyn Fn(&http::request::Parts) -> Result<ClientKey, Box<Answer>> + S
 type DenyFn = dyn Fn(&Denied<'_>) -> Answer + Send + Sync;
 type CostFn = dyn Fn(&http::request::Parts) -> u64 + Send + Sync;
 type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
-
-/// The warning for `user` among the key sources with no user extractor.
-const NO_USER_FN: &str = "`http.key` includes \"user\" but no user extractor is set (`.user`): \
-     every request is keyed as one without a user (`on_bad_key`)";
 
 /// The caller's functions, shared by the layer's clones.
 #[derive(Clone, Default)]
@@ -471,78 +468,6 @@ impl<C: Clock> RateLimitLayer<C> {
         let shared = Arc::make_mut(&mut self.shared);
         set(&mut shared.hooks);
         *shared = Shared::new(Arc::clone(&shared.core), std::mem::take(&mut shared.hooks));
-    }
-
-    /// Settings of this layer that cannot take effect, in words: a user extractor that is never
-    /// called (no key source is `user`, or a custom key extractor keys every request), `user`
-    /// among the key sources with no user extractor, a resolver beside a non-empty `api_keys`
-    /// table (the resolver replaces it). Empty when every setting applies. With the `tracing`
-    /// feature each is also logged once as a warning (target `tollgate`): when the hook that
-    /// makes it is set, or for a missing user extractor at the first request without a user.
-    ///
-    /// ```
-    /// use tollgate::http::{HttpConfig, RateLimitLayer};
-    /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1m\"\n[http]\nkey = \"ip\"\n")?;
-    /// let layer = RateLimitLayer::new(config)?.user(|_| Some("bob"));
-    /// assert_eq!(layer.warnings(), [
-    ///     "the user extractor (`.user`) is never called: `http.key` is [\"ip\"], without \"user\"",
-    /// ]);
-    /// # Ok::<(), tollgate::Error>(())
-    /// ```
-    pub fn warnings(&self) -> Vec<String> {
-        self.warnings_by_hook()
-            .into_iter()
-            .map(|(_, w)| w)
-            .collect()
-    }
-
-    /// [`warnings`](Self::warnings), each with the hooks whose setting makes it.
-    fn warnings_by_hook(&self) -> Vec<(&'static [&'static str], String)> {
-        let c = &self.shared.core.config;
-        let h = &self.shared.hooks;
-        let mut out: Vec<(&'static [&'static str], String)> = Vec::new();
-        if h.user.is_some() && h.key.is_some() {
-            out.push((
-                &["user", "key_extractor"],
-                "the user extractor (`.user`) is never called: the key extractor \
-                 (`.key_extractor`) keys every request"
-                    .into(),
-            ));
-        } else if h.user.is_some() && !c.key.contains(&KeySource::User) {
-            let names: Vec<String> = c.key.iter().map(|k| format!("{:?}", k.name())).collect();
-            out.push((
-                &["user"],
-                format!(
-                    "the user extractor (`.user`) is never called: `http.key` is [{}], without \"user\"",
-                    names.join(", ")
-                ),
-            ));
-        } else if h.user.is_none() && h.key.is_none() && c.key.contains(&KeySource::User) {
-            out.push((&[], NO_USER_FN.into()));
-        }
-        if h.resolver.is_some() && !c.api_keys.is_empty() {
-            out.push((
-                &["resolver"],
-                format!(
-                    "the resolver (`.resolver`) replaces the `http.api_keys` table: its {} key(s) \
-                     are never read",
-                    c.api_keys.len()
-                ),
-            ));
-        }
-        out
-    }
-
-    /// Logs the warnings that setting `hook` made (feature `tracing`).
-    fn warn_new(&self, hook: &str) {
-        #[cfg(feature = "tracing")]
-        for (hooks, warning) in self.warnings_by_hook() {
-            if hooks.contains(&hook) {
-                tracing::warn!(target: "tollgate", "{warning}");
-            }
-        }
-        #[cfg(not(feature = "tracing"))]
-        let _ = hook;
     }
 
     /// The limiter behind the layer (for stats, `block`, `reset`, or checks of your own).
