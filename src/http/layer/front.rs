@@ -22,7 +22,7 @@ use crate::plan::PlanId;
 ///
 /// ```
 /// use tollgate::http::{ClientKey, HttpKey};
-/// let own = HttpKey { rule: None, client: ClientKey::ApiKey("k1".into()) };
+/// let own = HttpKey { rule: None, client: ClientKey::api_key("k1") };
 /// let global = HttpKey { rule: Some(0), client: ClientKey::Unidentified };
 /// assert_ne!(own, global);
 /// ```
