@@ -1,11 +1,12 @@
 //! A runnable axum 0.8 server behind the rate-limit layer, configured from `examples/plans.toml`,
-//! with an async plan resolver (API key -> plan, as a database lookup would be) and the
-//! authenticated user from a header your auth layer would have checked.
+//! keyed by the authenticated user (from a header your auth layer would have checked), with an
+//! async plan resolver (API key -> plan, as a database lookup would be).
 //!
 //! ```sh
 //! cargo run --example axum --features http          # listens on 127.0.0.1:3000
-//! curl -i http://127.0.0.1:3000/                    # X-RateLimit-Remaining counts down
-//! curl -i -H 'x-api-key: demo-pro-key' http://127.0.0.1:3000/
+//! curl -i -H 'x-user: alice' http://127.0.0.1:3000/  # alice's own bucket counts down
+//! curl -i -H 'x-user: bob' http://127.0.0.1:3000/    # bob's is another
+//! curl -i -H 'x-user: carol' -H 'x-api-key: demo-pro-key' http://127.0.0.1:3000/
 //! curl -s http://127.0.0.1:3000/metrics
 //! ```
 
@@ -15,12 +16,17 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
-use tollgate::http::{HttpConfig, RateLimitLayer};
+use tollgate::http::{HttpConfig, KeySource, RateLimitLayer};
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// The layer: `examples/plans.toml`'s plans and rules, keyed by user (a request without a user
+/// is anonymous and keyed by its address), plans from the customer database.
+pub fn layer() -> Result<RateLimitLayer, tollgate::Error> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/plans.toml");
-    let config = HttpConfig::from_file(path)?;
+    let config = HttpConfig::from_file(path)?
+        // plans.toml keys by address (`tollgate serve` knows no users); this app knows them.
+        .key([KeySource::User])
+        // The customer database below answers for API keys instead of the file's table.
+        .api_keys(Vec::<(String, String)>::new());
 
     // Stands in for a database of customers: API key -> plan name.
     let customers: Arc<HashMap<String, String>> = Arc::new(HashMap::from([
@@ -36,7 +42,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
             let customers = Arc::clone(&customers);
-            Box::pin(async move { customers.get(&key?).cloned() })
+            async move { customers.get(&key?).cloned() }
         })
         .user(|parts| {
             // An auth layer in front would have verified this; here it is taken as given.
@@ -46,20 +52,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string)
         });
+    Ok(layer)
+}
 
+/// The app: `/` and `/api/...` behind the layer, `/metrics` beside it.
+pub fn app(layer: RateLimitLayer) -> Router {
     let metrics = layer.clone();
-    let app = Router::new()
+    Router::new()
         .route("/", get(|| async { "hello\n" }))
         .route("/api/{*rest}", get(|| async { "api\n" }))
         .layer(layer)
-        .route("/metrics", get(move || async move { metrics.metrics() }));
+        .route("/metrics", get(move || async move { metrics.metrics() }))
+}
 
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let layer = layer()?;
+    for warning in layer.warnings() {
+        eprintln!("warning: {warning}");
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
     println!("listening on http://{}", listener.local_addr()?);
     // Connect info gives the layer each request's peer address.
     axum::serve(
         listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
+        app(layer).into_make_service_with_connect_info::<SocketAddr>(),
     )
     .await?;
     Ok(())

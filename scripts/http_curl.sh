@@ -74,7 +74,7 @@ policy=$(header ratelimit-policy "$work/r")
 echo "  pro: RateLimit-Policy: $policy"
 
 curl -s "$url/metrics" >"$work/m"
-grep -q '^tollgate_http_limited_total 1$' "$work/m" || { cat "$work/m"; fail "metrics: limited"; }
+grep -q '^tollgate_http_limited_total{limit="plan:free/0"} 1$' "$work/m" || { cat "$work/m"; fail "metrics: limited"; }
 grep -q '^tollgate_http_requests_total 9$' "$work/m" || { cat "$work/m"; fail "metrics: requests"; }
 grep -q '^# TYPE tollgate_decisions_total counter$' "$work/m" || fail "metrics: TYPE line"
 echo "  /metrics: $(grep -c '^tollgate_' "$work/m") samples"

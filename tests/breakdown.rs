@@ -352,7 +352,21 @@ mod http_metrics {
             7.0
         );
         assert_eq!(sample(&s, "tollgate_http_requests_total", &[]), 9.0);
-        assert_eq!(sample(&s, "tollgate_http_limited_total", &[]), 2.0);
+        // One denial by each plan, each under its own label.
+        for label in ["plan:free/0", "plan:pro/0"] {
+            assert_eq!(
+                sample(&s, "tollgate_http_limited_total", &[("limit", label)]),
+                1.0
+            );
+        }
+        assert_eq!(
+            sample(
+                &s,
+                "tollgate_http_limited_total",
+                &[("limit", "table_full")]
+            ),
+            0.0
+        );
         assert_eq!(
             sample(&s, "tollgate_rule_keys", &[("rule", "token_bucket 2/1m")]),
             1.0

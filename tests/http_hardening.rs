@@ -83,11 +83,15 @@ async fn rotating_made_up_api_keys_does_not_reset_the_limit() {
     let r = get_req(&hostile, addr, "/", &[("x-api-key", "k-pro")]).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.num("x-ratelimit-remaining"), 99);
-    assert!(
-        layer.metrics().contains("tollgate_http_bad_key_total 23\n"),
-        "{}",
-        layer.metrics()
-    );
+    // The three requests without a key are anonymous; the twenty made-up keys are bad.
+    let metrics = layer.metrics();
+    for line in [
+        "tollgate_http_anonymous_total 3\n",
+        "tollgate_http_bad_key_total 20\n",
+        "tollgate_http_limited_total{limit=\"plan:free/0\"} 20\n",
+    ] {
+        assert!(metrics.contains(line), "{line}in {metrics}");
+    }
 
     // Configured to reject: an unknown key is a 400 naming why, and charges nothing.
     let strict = self::layer(&format!("{API_KEYED}on_bad_key = \"reject\"\n"), &clock);
@@ -187,12 +191,9 @@ async fn custom_key_extractor_keys_or_rejects() {
     let clock = FakeClock::new();
     let layer = layer(FREE, &clock).key_extractor(|parts| {
         match parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()) {
-            Some(t) if !t.is_empty() => Ok(ClientKey::User(t.into())),
-            _ => {
-                let mut no = Response::new(Full::new(Bytes::from_static(b"tenant required")));
-                *no.status_mut() = StatusCode::UNAUTHORIZED;
-                Err(Box::new(no))
-            }
+            // What an axum handler would return: no `http-body-util` or `bytes` needed.
+            Some(t) if !t.is_empty() => Ok(ClientKey::user(t)),
+            _ => Err((StatusCode::UNAUTHORIZED, "tenant required")),
         }
     });
     let addr = serve(app(layer.clone())).await;
@@ -518,7 +519,7 @@ async fn grpc_denial_is_resource_exhausted_with_retry_info() {
     let layer = layer(src, &clock).key_extractor(|parts| {
         // tonic puts no axum connect info in the request: key by a metadata entry.
         let client = parts.headers.get("x-client").and_then(|v| v.to_str().ok());
-        Ok(ClientKey::User(client.unwrap_or("anonymous").into()))
+        Ok::<_, StatusCode>(ClientKey::user(client.unwrap_or("anonymous")))
     });
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -591,7 +591,7 @@ async fn queue_strategy_holds_then_forwards_or_429s() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("tollgate_http_limited_total 1\n"),
+        metrics.contains("tollgate_http_limited_total{limit=\"plan:batch/0\"} 1\n"),
         "{metrics}"
     );
 }
@@ -671,7 +671,16 @@ key = ["user", "ip"]
         get_req(&client, addr, "/", &[]).await.status,
         StatusCode::OK
     );
-    assert!(layer.metrics().contains("tollgate_http_bad_key_total 1\n"));
+    // A request without a user is anonymous, not a bad key.
+    let metrics = layer.metrics();
+    assert!(
+        metrics.contains("tollgate_http_anonymous_total 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tollgate_http_bad_key_total 0\n"),
+        "{metrics}"
+    );
 }
 
 #[test]
@@ -699,7 +708,7 @@ fn config_mistakes_are_errors_with_lines() {
         ),
         (
             "[plans.free]\nlimit = 1\nwindow = 1\n[http]\nbogus = 1\n",
-            "line 5: http.bogus: unknown field `bogus`, expected one of `default_plan`, `key`, `api_key_header`, `forwarded_header`, `trusted_proxies`, `ipv6_prefix`, `on_bad_key`, `headers`, `max_keys`, `sweep_interval`, `api_keys`, `exempt`, `exempt_keys`, `shadow`, `routes`, `global`",
+            "line 5: http.bogus: unknown field `bogus`, expected one of `default_plan`, `key`, `api_key_header`, `forwarded_header`, `trusted_proxies`, `ipv6_prefix`, `on_bad_key`, `headers`, `max_keys`, `sweep_interval`, `api_keys`, `exempt`, `exempt_keys`, `shadow`, `exempt_paths`, `routes`, `global`",
         ),
         (
             "[plans.free]\nlimit = 0\nwindow = 1\n",

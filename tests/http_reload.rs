@@ -122,8 +122,14 @@ async fn a_reload_keeps_what_clients_spent_and_puts_routes_keys_and_exemptions_i
         StatusCode::SERVICE_UNAVAILABLE
     );
 
+    // Reloaded once more with the same config: the denial counts go on under their labels.
+    handle.reload(config(AFTER)).unwrap();
     // The counters went on across the reloads: 4 requests before, 13 after.
     let text = handle.metrics();
+    assert!(
+        text.contains("tollgate_http_limited_total{limit=\"rule:/api/*/0\"} 2"),
+        "{text}"
+    );
     assert!(text.contains("tollgate_http_requests_total 17"), "{text}");
     assert!(text.contains("tollgate_http_exempt_total 8"), "{text}");
 }

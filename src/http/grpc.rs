@@ -4,12 +4,16 @@
 //! Trailers-Only response: HTTP 200, `grpc-status`, a percent-encoded `grpc-message`, and for a
 //! denial the retry delay twice: as `retry-after` metadata (whole seconds, like the HTTP
 //! header) and as the standard `google.rpc.RetryInfo` detail in `grpc-status-details-bin`
-//! (exact to the nanosecond). The protobuf is written by hand: three tiny messages.
+//! (exact to the nanosecond). The protobuf is written by hand: three tiny messages; the base64
+//! and the percent-encoding are the `base64` and `percent-encoding` crates'.
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD_NO_PAD;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::Full;
+use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
 /// `RESOURCE_EXHAUSTED`: the code for a rate limit.
 pub(crate) const RESOURCE_EXHAUSTED: u32 = 8;
@@ -53,17 +57,13 @@ pub(crate) fn status(code: u32, message: &str, retry_ns: Option<u64>) -> Respons
     resp
 }
 
+/// What `grpc-message` percent-encodes: every byte outside printable ASCII (the controls, and
+/// all of non-ASCII, are in `CONTROLS`), and `%` itself (the gRPC HTTP/2 spec).
+const GRPC_MESSAGE_SET: &AsciiSet = &CONTROLS.add(b'%');
+
 /// `grpc-message` encoding: bytes outside printable ASCII, and `%`, as `%XX`.
 fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for &b in text.as_bytes() {
-        if (0x20..=0x7e).contains(&b) && b != b'%' {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(text, GRPC_MESSAGE_SET).to_string()
 }
 
 /// `google.rpc.Status { code, message, details: [Any(google.rpc.RetryInfo { retry_delay })] }`.
@@ -115,18 +115,7 @@ fn bytes_field(out: &mut Vec<u8>, field: u64, v: &[u8]) {
 
 /// Standard base64 without padding (binary gRPC metadata; readers accept it with or without).
 fn base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
-        for i in 0..=chunk.len() {
-            out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
-        }
-    }
-    out
+    STANDARD_NO_PAD.encode(data)
 }
 
 #[cfg(test)]
@@ -168,5 +157,6 @@ mod tests {
     fn messages_are_percent_encoded() {
         assert_eq!(percent_encode("50% off\n"), "50%25 off%0A");
         assert_eq!(percent_encode("é"), "%C3%A9");
+        assert_eq!(percent_encode("a\u{7f}~ "), "a%7F~ ");
     }
 }

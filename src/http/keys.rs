@@ -33,8 +33,9 @@ pub const MAX_HOPS: usize = 64;
 /// use std::net::IpAddr;
 /// use tollgate::http::ClientKey;
 /// let ip: IpAddr = "192.0.2.7".parse().unwrap();
-/// let k = ClientKey::Composite(vec![ClientKey::Ip(ip), ClientKey::ApiKey("k1".into())].into());
+/// let k = ClientKey::composite([ClientKey::ip(ip), ClientKey::api_key("k1")]);
 /// assert_eq!(k.to_string(), "ip:192.0.2.7+api_key:k1");
+/// assert_eq!(ClientKey::user(String::from("bob")), ClientKey::User("bob".into()));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -50,6 +51,32 @@ pub enum ClientKey {
     Composite(Box<[ClientKey]>),
     /// Requests that carry no usable key under [`OnBadKey::Shared`]: one bucket for all of them.
     Unidentified,
+}
+
+impl ClientKey {
+    /// A client address as the layer keys it ([`client_ip_key`] with the default prefix):
+    /// IPv4-mapped IPv6 folded to IPv4, IPv6 grouped by its /64.
+    ///
+    /// ```
+    /// use tollgate::http::ClientKey;
+    /// let k = ClientKey::ip("2001:db8:1:2::77".parse().unwrap());
+    /// assert_eq!(k.to_string(), "ip:2001:db8:1:2::");
+    /// ```
+    pub fn ip(addr: IpAddr) -> ClientKey {
+        ClientKey::Ip(client_ip_key(addr, crate::ip::DEFAULT_V6_PREFIX))
+    }
+    /// An API key (a `&str`, a `String`, a `Box<str>`), taken as given.
+    pub fn api_key(key: impl Into<Box<str>>) -> ClientKey {
+        ClientKey::ApiKey(key.into())
+    }
+    /// An authenticated user's id (a `&str`, a `String`, a `Box<str>`), taken as given.
+    pub fn user(id: impl Into<Box<str>>) -> ClientKey {
+        ClientKey::User(id.into())
+    }
+    /// Several keys at once: one bucket per combination.
+    pub fn composite(parts: impl IntoIterator<Item = ClientKey>) -> ClientKey {
+        ClientKey::Composite(parts.into_iter().collect())
+    }
 }
 
 impl fmt::Display for ClientKey {
@@ -434,7 +461,7 @@ pub fn client_ip(peer: IpAddr, hops: &[Hop], trusted: &TrustedProxies) -> Result
 /// list (as HTTP list syntax says). The result is grouped by [`client_ip_key`] with `v6_prefix`.
 ///
 /// ```
-/// use http::HeaderMap;
+/// use axum::http::HeaderMap;
 /// use tollgate::http::{ForwardedHeader, TrustedProxies, client_ip_from_headers};
 /// let mut headers = HeaderMap::new();
 /// headers.append("x-forwarded-for", "2001:db8:1:2::77".parse().unwrap());
@@ -486,7 +513,7 @@ pub(crate) fn walk_headers(
 /// The API key from header `name`: visible ASCII, 1 to [`MAX_KEY_LEN`] bytes.
 ///
 /// ```
-/// use http::HeaderMap;
+/// use axum::http::HeaderMap;
 /// use tollgate::http::{KeyError, api_key_from_headers};
 /// let mut h = HeaderMap::new();
 /// assert_eq!(api_key_from_headers(&h, "x-api-key"), Err(KeyError::NoApiKey));

@@ -30,11 +30,13 @@
 mod config;
 mod format;
 mod grpc;
+mod headers;
 mod keys;
 mod layer;
 mod metrics;
 
 pub use config::{HeaderStyle, HttpConfig, KeySource, Rule};
+pub use headers::{HeaderPolicy, RateLimitHeaders, headers};
 pub use keys::{
     ClientKey, ForwardedHeader, Hop, KeyError, MAX_HOPS, MAX_KEY_LEN, OnBadKey, TrustedProxies,
     api_key_from_headers, client_ip, client_ip_from_headers, parse_forwarded,
@@ -43,3 +45,8 @@ pub use keys::{
 pub use layer::{
     Denied, HttpKey, PlanFuture, RateLimit, RateLimitBody, RateLimitLayer, ResponseFuture,
 };
+
+/// The HTTP guide (`docs/http.md`): its examples compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/http.md")]
+struct Guide;

@@ -11,6 +11,9 @@ use crate::ip::DEFAULT_V6_PREFIX;
 use crate::plan::{Plan, Strategy};
 
 mod parse;
+mod path;
+
+pub(crate) use path::PathPattern;
 
 /// Where a client key comes from; several sources make a composite key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,6 +29,15 @@ pub enum KeySource {
 }
 
 impl KeySource {
+    /// Its name in the config (`ip`, `api_key`, `user`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            KeySource::Ip => "ip",
+            KeySource::ApiKey => "api_key",
+            KeySource::User => "user",
+        }
+    }
+
     fn from_name(name: &str) -> Option<KeySource> {
         match name {
             "ip" => Some(KeySource::Ip),
@@ -63,14 +75,16 @@ impl HeaderStyle {
 }
 
 /// A limit beyond the client's own plan: on one route (per client, or shared by all clients on
-/// it), or global.
+/// it), or global. Every matching rule applies after the client's plan; a rule that
+/// [replaces the plan](Self::replaces_plan) applies instead of it.
 ///
 /// ```
 /// use tollgate::http::Rule;
 /// let login = Rule::route("/login", "login").methods(["POST"]);
 /// let search = Rule::route("/search/*", "search").shared();
+/// let export = Rule::route("/users/{id}/export", "export").replaces_plan();
 /// let global = Rule::global("global").tier("free", "global_free");
-/// # let _ = (login, search, global);
+/// # let _ = (login, search, export, global);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
@@ -85,11 +99,18 @@ pub struct Rule {
     pub(crate) shared: bool,
     /// A dry run: decided and counted, never denying, no headers (its plans' shadow twins).
     pub(crate) shadow: bool,
+    /// On its paths the client's own plan is not charged: this rule (and any other matching
+    /// rule) alone applies.
+    pub(crate) replaces_plan: bool,
 }
 
 impl Rule {
-    /// A per-client limit on requests whose path is `path` (exact) or starts with it (a trailing
-    /// `*`: `/api/*`), under plan `plan`. Its name in headers is the path.
+    /// A per-client limit on requests whose path is `path`, under plan `plan`: exact
+    /// (`/login`), a prefix (a trailing `*`: `/api/*`), or axum-style segments (`{id}` is any
+    /// one non-empty segment, a trailing `{*rest}` anything non-empty after it:
+    /// `/users/{id}/export`, `/files/{*path}`). Its name in headers is the path. A path no
+    /// request can have (no leading `/`, a space, `?`, a parameter that is not a whole
+    /// segment) is an error when the layer is built.
     pub fn route(path: impl Into<String>, plan: impl Into<String>) -> Self {
         let path = path.into();
         Rule {
@@ -100,6 +121,7 @@ impl Rule {
             tiers: Vec::new(),
             shared: false,
             shadow: false,
+            replaces_plan: false,
         }
     }
     /// One limit shared by every request, under plan `plan`. Its name in headers is `global`.
@@ -112,6 +134,7 @@ impl Rule {
             tiers: Vec::new(),
             shared: true,
             shadow: false,
+            replaces_plan: false,
         }
     }
     /// Only these methods (`GET`, `POST`, ...); all when never called.
@@ -148,16 +171,20 @@ impl Rule {
         self
     }
 
-    pub(crate) fn matches(&self, method: &str, path: &str) -> bool {
-        let method_ok = self.methods.is_empty() || self.methods.iter().any(|m| m == method);
-        let path_ok = match &self.path {
-            None => true,
-            Some(p) => match p.strip_suffix('*') {
-                Some(prefix) => path.starts_with(prefix),
-                None => path == p,
-            },
-        };
-        method_ok && path_ok
+    /// On this rule's paths, the client's own plan is not charged: only the matching rules
+    /// apply (Envoy's `replaces`). For example an export endpoint with a quota of its own that
+    /// should not also spend the client's general plan.
+    ///
+    /// ```
+    /// use tollgate::http::{HttpConfig, RateLimitLayer, Rule};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 100\nwindow = \"1h\"\n[plans.export]\nlimit = 2\nwindow = \"1d\"\n")?
+    ///     .rule(Rule::route("/users/{id}/export", "export").replaces_plan());
+    /// # let _ = RateLimitLayer::new(config)?;
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn replaces_plan(mut self) -> Self {
+        self.replaces_plan = true;
+        self
     }
 }
 
@@ -203,6 +230,8 @@ pub struct HttpConfig {
     pub(crate) exempt_keys: HashSet<String>,
     /// Every limit in shadow mode (`shadow = true` in `[http]`).
     pub(crate) shadow: bool,
+    /// Paths never limited (`/health`), as rules name paths.
+    pub(crate) exempt_paths: Vec<String>,
     /// Every limit cluster-wide through Redis (the `[redis]` table; feature `redis`).
     #[cfg(feature = "redis")]
     pub(crate) redis: Option<crate::redis::RedisConfig>,
@@ -262,6 +291,7 @@ impl HttpConfig {
             exempt: TrustedProxies::none(),
             exempt_keys: HashSet::new(),
             shadow: false,
+            exempt_paths: Vec::new(),
             #[cfg(feature = "redis")]
             redis: None,
             #[cfg(feature = "redis")]
@@ -346,6 +376,18 @@ impl HttpConfig {
         self.api_keys.insert(api_key.into(), plan.into());
         self
     }
+    /// Replaces the API key table (`http.api_keys`): each API key with its plan. An empty
+    /// table leaves plans to a [resolver](crate::http::RateLimitLayer::resolver) or the default.
+    pub fn api_keys<K: Into<String>, P: Into<String>>(
+        mut self,
+        table: impl IntoIterator<Item = (K, P)>,
+    ) -> Self {
+        self.api_keys = table
+            .into_iter()
+            .map(|(k, p)| (k.into(), p.into()))
+            .collect();
+        self
+    }
     /// The most keys the limiter tracks (default the engine's, 1,000,000).
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = Some(n);
@@ -421,6 +463,22 @@ impl HttpConfig {
         plans
     }
 
+    /// Requests to this path are never limited, whoever sends them (health checks, a
+    /// metrics scrape): not keyed, not charged, no rate-limit headers. Paths as a [`Rule`]
+    /// names them: exact, `prefix*`, or with `{id}` / `{*rest}` segments.
+    ///
+    /// ```
+    /// use tollgate::http::{HttpConfig, RateLimitLayer};
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1m\"\n")?
+    ///     .exempt_path("/health")
+    ///     .exempt_path("/static/*");
+    /// # let _ = RateLimitLayer::new(config)?;
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn exempt_path(mut self, path: impl Into<String>) -> Self {
+        self.exempt_paths.push(path.into());
+        self
+    }
     /// The header style.
     pub fn header_style(&self) -> HeaderStyle {
         self.headers
@@ -496,6 +554,7 @@ impl HttpConfig {
                 known(plan, format!("http.rules[{i}].tiers.{client}"))?;
             }
         }
+        self.rule_paths()?;
         if self.key.is_empty() {
             return Err(Error::Config {
                 line: None,
@@ -518,5 +577,50 @@ impl HttpConfig {
             });
         }
         Ok(())
+    }
+
+    /// The exempt paths and each rule's path, compiled: an error for a path no request can
+    /// have, a method no request can use, or a rule whose every path is exempt (it could never
+    /// apply).
+    pub(crate) fn rule_paths(&self) -> Result<(Vec<PathPattern>, Vec<Option<PathPattern>>), Error> {
+        let bad = |field: String, why: String| Error::Config {
+            line: None,
+            message: format!("{field}: {why}"),
+        };
+        let mut exempt = Vec::with_capacity(self.exempt_paths.len());
+        for (i, p) in self.exempt_paths.iter().enumerate() {
+            exempt.push(
+                PathPattern::parse(p).map_err(|why| bad(format!("http.exempt_paths[{i}]"), why))?,
+            );
+        }
+        let mut rules = Vec::with_capacity(self.rules.len());
+        for (i, r) in self.rules.iter().enumerate() {
+            for m in &r.methods {
+                if http::Method::from_bytes(m.as_bytes()).is_err() {
+                    return Err(bad(
+                        format!("http.rules[{i}].methods"),
+                        format!("'{m}' is not an HTTP method, so the rule could never apply"),
+                    ));
+                }
+            }
+            let Some(path) = &r.path else {
+                rules.push(None);
+                continue;
+            };
+            let pattern = PathPattern::parse(path)
+                .map_err(|why| bad(format!("http.rules[{i}].path"), why))?;
+            if let Some(at) = exempt.iter().position(|e| e.covers(&pattern)) {
+                return Err(bad(
+                    format!("http.rules[{i}].path"),
+                    format!(
+                        "every request to '{path}' is exempt (exempt_paths[{at}] = '{}'), so the \
+                         rule could never apply",
+                        self.exempt_paths[at]
+                    ),
+                ));
+            }
+            rules.push(Some(pattern));
+        }
+        Ok((exempt, rules))
     }
 }

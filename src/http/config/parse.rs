@@ -87,6 +87,7 @@ struct RawHttp {
     exempt_keys: Option<Vec<String>>,
     #[serde(default)]
     shadow: bool,
+    exempt_paths: Option<Vec<String>>,
     routes: Option<Vec<Spanned<RawRule>>>,
     global: Option<Spanned<RawRule>>,
 }
@@ -102,6 +103,8 @@ struct RawRule {
     shared: bool,
     #[serde(default)]
     shadow: bool,
+    #[serde(default)]
+    replaces_plan: bool,
     #[serde(default)]
     tiers: HashMap<String, String>,
 }
@@ -374,7 +377,7 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// Who is never limited: `exempt` networks and `exempt_keys`.
+    /// Who is never limited: `exempt` networks, `exempt_keys` and `exempt_paths`.
     fn apply_exemptions(&self, c: &mut HttpConfig, raw: &mut RawHttp) -> Result<(), Error> {
         if let Some(t) = raw.exempt.take() {
             let at = t.span().start;
@@ -392,6 +395,8 @@ impl Ctx<'_> {
         c.exempt_keys
             .extend(raw.exempt_keys.take().into_iter().flatten());
         c.shadow = raw.shadow;
+        c.exempt_paths
+            .extend(raw.exempt_paths.take().into_iter().flatten());
         Ok(())
     }
 
@@ -477,6 +482,9 @@ impl Ctx<'_> {
         }
         if raw.shadow {
             rule.shadow = true;
+        }
+        if raw.replaces_plan {
+            rule.replaces_plan = true;
         }
         if let Some(n) = raw.name {
             rule.name = n;

@@ -3,12 +3,10 @@
 //! [`RequestLimits`]), exact mode's call to Redis (`charge_exact`), and what the verdict means
 //! for the request (`answer`: forwarded, held for a queue, or answered).
 
-use bytes::Bytes;
-use http::{Response, StatusCode};
-use http_body_util::Full;
+use http::StatusCode;
 
 use super::response::reject;
-use super::{HttpKey, RateLimitLayer};
+use super::{Answer, HttpKey, RateLimitLayer};
 use crate::cell::Mode;
 use crate::clock::Clock;
 use crate::decision::Reason;
@@ -16,6 +14,7 @@ use crate::error::Error;
 use crate::http::config::HeaderStyle;
 use crate::http::grpc;
 use crate::http::keys::{ClientKey, KeyError};
+use crate::http::metrics::LimitLabels;
 use crate::limiter::{Detailed, Limiter, Limits, all_or_nothing};
 use crate::plan::PlanId;
 use crate::stats::Count;
@@ -28,7 +27,7 @@ impl<C: Clock> RateLimitLayer<C> {
         parts: &http::request::Parts,
         found: Result<(ClientKey, PlanId), KeyError>,
         cost: u64,
-    ) -> Result<Passed, Response<Full<Bytes>>> {
+    ) -> Result<Passed, Answer> {
         let (client, plan) = found.map_err(|e| self.bad_key(parts, e))?;
         if self.shared.core.rules.is_empty() {
             return self.charge_own(parts, client, plan, cost);
@@ -44,7 +43,7 @@ impl<C: Clock> RateLimitLayer<C> {
         client: ClientKey,
         plan: PlanId,
         cost: u64,
-    ) -> Result<Passed, Response<Full<Bytes>>> {
+    ) -> Result<Passed, Answer> {
         let key = HttpKey { rule: None, client };
         let passed = |checks: Checks| Passed {
             checks,
@@ -132,7 +131,7 @@ impl<C: Clock> RateLimitLayer<C> {
         parts: &http::request::Parts,
         verdict: Verdict,
         cost: u64,
-    ) -> Result<Passed, Response<Full<Bytes>>> {
+    ) -> Result<Passed, Answer> {
         let core = &self.shared.core;
         match verdict {
             Verdict::Pass { checks } => {
@@ -163,7 +162,7 @@ impl<C: Clock> RateLimitLayer<C> {
                 })
             }
             Verdict::Deny { checks, at, client } => {
-                core.counters.limited();
+                core.counters.limited(self.denied_by(&checks[at]));
                 #[cfg(feature = "tracing")]
                 tracing::debug!(
                     target: "tollgate",
@@ -175,7 +174,7 @@ impl<C: Clock> RateLimitLayer<C> {
                 Err(self.too_many(parts, &client, &checks, at))
             }
             Verdict::Error(Error::CostExceedsCapacity { cost, capacity }) => {
-                core.counters.limited();
+                core.counters.limited(LimitLabels::COST);
                 Err(reject(
                     parts,
                     StatusCode::TOO_MANY_REQUESTS,
@@ -204,7 +203,7 @@ impl<C: Clock> RateLimitLayer<C> {
         parts: &http::request::Parts,
         found: Result<(ClientKey, PlanId), KeyError>,
         cost: u64,
-    ) -> Result<Passed, Response<Full<Bytes>>> {
+    ) -> Result<Passed, Answer> {
         #[cfg(feature = "redis")]
         if self.shared.core.exact {
             return self.charge_exact(parts, found, cost).await;
@@ -222,7 +221,7 @@ impl<C: Clock> RateLimitLayer<C> {
         parts: &http::request::Parts,
         found: Result<(ClientKey, PlanId), KeyError>,
         cost: u64,
-    ) -> Result<Passed, Response<Full<Bytes>>> {
+    ) -> Result<Passed, Answer> {
         let core = &self.shared.core;
         let (client, plan) = found.map_err(|e| self.bad_key(parts, e))?;
         let key = HttpKey { rule: None, client };
@@ -251,8 +250,9 @@ impl<C: Clock> RateLimitLayer<C> {
         self.answer(parts, verdict, cost)
     }
 
-    /// Charges every limit that applies (the client's plan, then each matching rule), all or
-    /// nothing, through the engine's routine (see [`all_or_nothing`]).
+    /// Charges every limit that applies (the client's plan, then each matching rule; only the
+    /// rules where one of them replaces the plan), all or nothing, through the engine's
+    /// routine (see [`all_or_nothing`]).
     fn decide(
         &self,
         parts: &http::request::Parts,
@@ -263,10 +263,14 @@ impl<C: Clock> RateLimitLayer<C> {
         let core = &self.shared.core;
         let method = parts.method.as_str();
         let path = parts.uri.path();
-        let rules = core.rules.iter().enumerate().filter_map(|(i, r)| {
-            if !r.rule.matches(method, path) {
-                return None;
+        let mut replaced = false;
+        let mut todo: Vec<Option<(HttpKey, PlanId)>> = Vec::with_capacity(1 + core.rules.len());
+        todo.push(None);
+        for (i, r) in core.rules.iter().enumerate() {
+            if !r.matches(method, path) {
+                continue;
             }
+            replaced |= r.rule.replaces_plan;
             let key = HttpKey {
                 rule: Some(i as u16),
                 client: if r.rule.shared {
@@ -276,19 +280,22 @@ impl<C: Clock> RateLimitLayer<C> {
                 },
             };
             let rule_plan = r.tiers.get(&plan).copied().unwrap_or(r.plan);
-            Some((key, rule_plan))
-        });
-        let own = HttpKey {
-            rule: None,
-            client: client.clone(),
-        };
+            todo.push(Some((key, rule_plan)));
+        }
+        if replaced {
+            // A matching rule replaces the client's plan on this path: only the rules apply.
+            todo.remove(0);
+        } else {
+            let own = HttpKey {
+                rule: None,
+                client: client.clone(),
+            };
+            todo[0] = Some((own, plan));
+        }
         let mut limits = RequestLimits {
             limiter: &core.limiter,
             cost,
-            todo: std::iter::once((own, plan))
-                .chain(rules)
-                .map(Some)
-                .collect(),
+            todo,
             checks: Checks::new(),
         };
         match all_or_nothing(&mut limits) {

@@ -4,12 +4,10 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use bytes::Bytes;
-use http::{Response, StatusCode};
-use http_body_util::Full;
+use http::StatusCode;
 
-use super::RateLimitLayer;
 use super::response::reject;
+use super::{Answer, RateLimitLayer};
 use crate::clock::Clock;
 use crate::http::config::KeySource;
 use crate::http::grpc;
@@ -24,7 +22,7 @@ use crate::plan::PlanId;
 ///
 /// ```
 /// use tollgate::http::{ClientKey, HttpKey};
-/// let own = HttpKey { rule: None, client: ClientKey::ApiKey("k1".into()) };
+/// let own = HttpKey { rule: None, client: ClientKey::api_key("k1") };
 /// let global = HttpKey { rule: Some(0), client: ClientKey::Unidentified };
 /// assert_ne!(own, global);
 /// ```
@@ -111,11 +109,20 @@ impl<C: Clock> RateLimitLayer<C> {
                 }),
             KeySource::ApiKey => api_key_from_headers(&parts.headers, core.api_key_header.as_str())
                 .map(|k| ClientKey::ApiKey(k.into())),
-            KeySource::User => match self.shared.hooks.user.as_ref().and_then(|f| f(parts)) {
-                Some(u) if !u.is_empty() && u.len() <= crate::http::keys::MAX_KEY_LEN => {
-                    Ok(ClientKey::User(u.into()))
+            KeySource::User => match self.shared.hooks.user.as_ref() {
+                None => {
+                    core.warned_no_user.call_once(|| {
+                        #[cfg(feature = "tracing")]
+                        tracing::warn!(target: "tollgate", "{}", super::warnings::NO_USER_FN);
+                    });
+                    Err(KeyError::NoUser)
                 }
-                _ => Err(KeyError::NoUser),
+                Some(f) => match f(parts) {
+                    Some(u) if !u.is_empty() && u.len() <= crate::http::keys::MAX_KEY_LEN => {
+                        Ok(ClientKey::User(u))
+                    }
+                    _ => Err(KeyError::NoUser),
+                },
             },
         }
     }
@@ -136,8 +143,12 @@ impl<C: Clock> RateLimitLayer<C> {
     /// The configured [`OnBadKey`] behaviour for a request without a usable key. A missing
     /// peer address is the server's set-up, not the client's doing: only an explicit
     /// [`OnBadKey::Shared`] puts such requests in one bucket.
+    /// A request without the API key or user a key source asks for is anonymous, not bad.
     fn fallback(&self, parts: &http::request::Parts, e: KeyError) -> Result<ClientKey, KeyError> {
-        self.shared.core.counters.bad_key();
+        match e {
+            KeyError::NoApiKey | KeyError::NoUser => self.shared.core.counters.anonymous(),
+            _ => self.shared.core.counters.bad_key(),
+        }
         match self.shared.core.config.on_bad_key {
             OnBadKey::Shared => Ok(ClientKey::Unidentified),
             OnBadKey::Reject => Err(e),
@@ -230,16 +241,21 @@ impl<C: Clock> RateLimitLayer<C> {
         }
     }
 
-    /// Everything before the plan: the key (or the layer's own answer), exemption, cost.
+    /// Everything before the plan: an exempt path, the key (or the layer's own answer),
+    /// exemption, cost.
     // The answer is the response the future returns by value anyway: boxing it would only add
     // an allocation to the denial path.
     #[allow(clippy::result_large_err)]
-    pub(super) fn front(
-        &self,
-        parts: &http::request::Parts,
-    ) -> Result<Front, Response<Full<Bytes>>> {
+    pub(super) fn front(&self, parts: &http::request::Parts) -> Result<Front, Answer> {
         let core = &self.shared.core;
         core.counters.request();
+        if !core.exempt_paths.is_empty() {
+            let path = parts.uri.path();
+            if core.exempt_paths.iter().any(|p| p.matches(path)) {
+                core.counters.exempt();
+                return Ok(Front::Exempt);
+            }
+        }
         let client = match self.key_of(parts) {
             Ok(k) => k,
             Err(Rejection::BadKey(e)) => return Err(self.bad_key(parts, e)),
@@ -258,11 +274,7 @@ impl<C: Clock> RateLimitLayer<C> {
 
     /// The 400 for a request without a usable key; the 500 for a server that does not pass the
     /// peer address (see [`no_peer`](Self::no_peer)).
-    pub(super) fn bad_key(
-        &self,
-        parts: &http::request::Parts,
-        e: KeyError,
-    ) -> Response<Full<Bytes>> {
+    pub(super) fn bad_key(&self, parts: &http::request::Parts, e: KeyError) -> Answer {
         if e == KeyError::NoPeer {
             return self.no_peer(parts);
         }
@@ -282,7 +294,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// address: keying it anyway would put every client in one bucket, where one client can
     /// deny all the others. Warned about once in the log (feature `tracing`) and counted as an
     /// internal error; [`OnBadKey::Shared`] is the explicit way to want that one bucket.
-    fn no_peer(&self, parts: &http::request::Parts) -> Response<Full<Bytes>> {
+    fn no_peer(&self, parts: &http::request::Parts) -> Answer {
         let core = &self.shared.core;
         core.counters.internal_error();
         core.warned_no_peer.call_once(|| {
@@ -312,7 +324,7 @@ enum Rejection {
     /// No usable key, under [`OnBadKey::Reject`].
     BadKey(KeyError),
     /// The custom key extractor's own response (boxed: a response is large).
-    Custom(Box<Response<Full<Bytes>>>),
+    Custom(Box<Answer>),
 }
 
 /// The API key in a client key, if any (a composite's part).

@@ -13,17 +13,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwapOption;
 
-use bytes::Bytes;
+use axum::response::IntoResponse;
+use http::StatusCode;
 use http::header::HeaderName;
-use http::{Response, StatusCode};
-use http_body_util::Full;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::http::config::{HttpConfig, KeySource, shadow_twin};
+use crate::http::config::{HttpConfig, KeySource, PathPattern, shadow_twin};
+use crate::http::headers::HeaderPolicy;
 use crate::http::keys::ClientKey;
-use crate::http::metrics::{Exposition, HttpCounters};
+use crate::http::metrics::{Exposition, HttpCounters, LimitLabels};
 use crate::limiter::Limiter;
 use crate::plan::{PlanId, Strategy};
 use crate::quota::Quota;
@@ -33,21 +33,26 @@ mod charge;
 mod front;
 mod response;
 mod service;
+mod warnings;
 
 pub use front::HttpKey;
 pub use response::{RateLimitBody, ResponseFuture};
 pub use service::RateLimit;
 
-use response::Policy;
-
-/// A resolver's answer: the plan name, or `None` for the default plan.
+/// A resolver's answer, boxed: the plan name, or `None` for the default plan.
+/// [`RateLimitLayer::resolver`] takes any such future (an `async` block); this is the form the
+/// layer keeps it in.
 pub type PlanFuture = Pin<Box<dyn Future<Output = Option<String>> + Send + 'static>>;
 
+/// A response the layer answers with itself: axum's [`Response`](axum::response::Response),
+/// whatever a hook returned that implements [`IntoResponse`].
+pub(crate) type Answer = axum::response::Response;
+
 type Resolver = dyn Fn(&http::request::Parts, &ClientKey) -> PlanFuture + Send + Sync;
-type UserFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
-type KeyFn =
-    dyn Fn(&http::request::Parts) -> Result<ClientKey, Box<Response<Full<Bytes>>>> + Send + Sync;
-type DenyFn = dyn Fn(&Denied<'_>) -> Response<Full<Bytes>> + Send + Sync;
+type UserFn = dyn Fn(&http::request::Parts) -> Option<Box<str>> + Send + Sync;
+/// A key, or the rejection (boxed: a response is large, and a key is the common answer).
+type KeyFn = dyn Fn(&http::request::Parts) -> Result<ClientKey, Box<Answer>> + Send + Sync;
+type DenyFn = dyn Fn(&Denied<'_>) -> Answer + Send + Sync;
 type CostFn = dyn Fn(&http::request::Parts) -> u64 + Send + Sync;
 type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
@@ -78,25 +83,46 @@ pub struct Denied<'a> {
     pub message: &'a str,
 }
 
+/// One limit (a plan as a client's own, or a rule under one of its plans) as the headers and
+/// the metrics name it.
+#[derive(Debug)]
+struct Limit {
+    /// Its IETF policy (labelled with the plan's or the rule's name).
+    policy: HeaderPolicy,
+    /// The `tollgate_http_limited_total` counter of each part.
+    counters: Vec<usize>,
+}
+
 /// A plan as the headers and the 429 message describe it.
 #[derive(Debug)]
 struct PlanInfo {
     quotas: Vec<Quota>,
-    /// The plan as a client's own limit (labelled with the plan's name).
-    policy: Policy,
+    /// The plan as a client's own limit.
+    policy: Limit,
     /// In shadow mode: its decisions add no headers.
     shadow: bool,
 }
 
-/// A rule with its plans resolved to ids.
+/// A rule with its plans resolved to ids and its path compiled.
 #[derive(Debug)]
 struct CompiledRule {
     rule: crate::http::config::Rule,
+    /// `None` for the global rule.
+    path: Option<PathPattern>,
     plan: PlanId,
     /// Client plan → this rule's plan for that client.
     tiers: HashMap<PlanId, PlanId>,
-    /// This rule's policy under each plan it can use.
-    policies: HashMap<PlanId, Policy>,
+    /// This rule's limit under each plan it can use.
+    policies: HashMap<PlanId, Limit>,
+}
+
+impl CompiledRule {
+    /// True when the rule applies to a request with `method` and `path`.
+    fn matches(&self, method: &str, path: &str) -> bool {
+        let methods = &self.rule.methods;
+        (methods.is_empty() || methods.iter().any(|m| m == method))
+            && self.path.as_ref().is_none_or(|p| p.matches(path))
+    }
 }
 
 /// What the layer shares between clones: the limiter and the counters, which a reload keeps,
@@ -109,10 +135,14 @@ struct Core<C: Clock> {
     default_plan: PlanId,
     api_key_plans: HashMap<String, PlanId>,
     rules: Vec<CompiledRule>,
+    /// Paths never limited.
+    exempt_paths: Vec<PathPattern>,
     api_key_header: HeaderName,
-    counters: Arc<HttpCounters>,
+    counters: HttpCounters,
     /// Set by the first request that arrives without a peer address (the one warning).
     warned_no_peer: Arc<std::sync::Once>,
+    /// Set by the first request keyed by `user` on a layer without a user extractor.
+    warned_no_user: Arc<std::sync::Once>,
     /// The recorder `/metrics` renders.
     exposition: Arc<Exposition>,
     /// Exact mode on Redis (`mode = "exact"`): the limiter decides each plan in one script
@@ -197,6 +227,7 @@ impl<C: Clock> Shared<C> {
         let plain = local
             && c.key == [KeySource::Ip]
             && c.exempt.is_empty()
+            && c.exempt_paths.is_empty()
             && core.rules.is_empty()
             && hooks.resolver.is_none()
             && hooks.key.is_none()
@@ -246,8 +277,9 @@ impl<C: Clock> RateLimitLayer<C> {
             .map(|every| Arc::new(limiter.start_sweeper(every)));
         let kept = Kept {
             limiter,
-            counters: Arc::default(),
+            counters: None,
             warned_no_peer: Arc::new(std::sync::Once::new()),
+            warned_no_user: Arc::new(std::sync::Once::new()),
             exposition: Arc::new(Exposition::new()),
             sweeper,
         };
@@ -290,8 +322,9 @@ impl<C: Clock> RateLimitLayer<C> {
         limiter.set_plans(plans.iter().map(|(n, p)| (n.as_str(), p.clone())))?;
         let kept = Kept {
             limiter: Arc::clone(limiter),
-            counters: Arc::clone(&old.counters),
+            counters: Some(&old.counters),
             warned_no_peer: Arc::clone(&old.warned_no_peer),
+            warned_no_user: Arc::clone(&old.warned_no_user),
             exposition: Arc::clone(&old.exposition),
             sweeper: old._sweeper.clone(),
         };
@@ -344,17 +377,19 @@ impl<C: Clock> RateLimitLayer<C> {
 }
 
 /// What a reload carries from the running core to the new one.
-struct Kept<C: Clock> {
+struct Kept<'a, C: Clock> {
     limiter: Arc<Limiter<HttpKey, C>>,
-    counters: Arc<HttpCounters>,
+    /// The running core's counters, which the new ones go on from (`None`: a new layer).
+    counters: Option<&'a HttpCounters>,
     warned_no_peer: Arc<std::sync::Once>,
+    warned_no_user: Arc<std::sync::Once>,
     exposition: Arc<Exposition>,
     sweeper: Option<Arc<Sweeper>>,
 }
 
 impl<C: Clock> Core<C> {
     /// What `config` compiles to on `kept`'s limiter (whose plans are the config's already).
-    fn compile(config: HttpConfig, kept: Kept<C>) -> Result<Self, Error> {
+    fn compile(config: HttpConfig, kept: Kept<'_, C>) -> Result<Self, Error> {
         let limiter = kept.limiter;
         #[cfg(feature = "redis")]
         let exact = limiter.is_exact();
@@ -363,7 +398,9 @@ impl<C: Clock> Core<C> {
                 .plan(name)
                 .ok_or_else(|| Error::UnknownPlan(name.to_string()))
         };
-        let plans = plan_infos(&config, &id)?;
+        let (exempt_paths, paths) = config.rule_paths()?;
+        let mut labels = LimitLabels::new();
+        let plans = plan_infos(&config, &id, &mut labels)?;
         let default_plan = match &config.default_plan {
             Some(name) => id(name)?,
             None => limiter.default_plan_id(),
@@ -372,7 +409,7 @@ impl<C: Clock> Core<C> {
         for (key, plan) in &config.api_keys {
             api_key_plans.insert(key.clone(), id(plan)?);
         }
-        let rules = compile_rules(&config, &plans, &id)?;
+        let rules = compile_rules(&config, &plans, paths, &id, &mut labels)?;
         let api_key_header =
             HeaderName::from_bytes(config.api_key_header.as_bytes()).map_err(|_| {
                 Error::Config {
@@ -390,9 +427,14 @@ impl<C: Clock> Core<C> {
             default_plan,
             api_key_plans,
             rules,
+            exempt_paths,
             api_key_header,
-            counters: kept.counters,
+            counters: match &kept.counters {
+                Some(old) => old.carried(labels),
+                None => HttpCounters::new(labels),
+            },
             warned_no_peer: kept.warned_no_peer,
+            warned_no_user: kept.warned_no_user,
             exposition: kept.exposition,
             #[cfg(feature = "redis")]
             exact,
@@ -403,10 +445,10 @@ impl<C: Clock> Core<C> {
 
 impl<C: Clock> RateLimitLayer<C> {
     /// Resolves each request's plan (for example API key → plan from a database). The closure
-    /// runs on the request's head and key and returns a `'static` future: copy what it needs
-    /// from the request before the `async` block. An unknown plan name falls back to the
-    /// default plan (and counts in the metrics). Without a resolver, the config's `api_keys`
-    /// table is used.
+    /// runs on the request's head and key and returns a `'static` future (an `async move`
+    /// block): copy what it needs from the request before the block. An unknown plan name
+    /// falls back to the default plan (and counts in the metrics). It replaces the config's
+    /// `api_keys` table (a layer with both warns, see [`warnings`](Self::warnings)).
     ///
     /// With `api_key` among the key sources, `None` for a key means the key is *unknown*: it is
     /// no client identity, and the request is keyed as one without a key ([`OnBadKey`]: by
@@ -420,88 +462,106 @@ impl<C: Clock> RateLimitLayer<C> {
     /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = 60\n[plans.pro]\nlimit = 1000\nwindow = 60\n").unwrap();
     /// let layer = RateLimitLayer::new(config).unwrap().resolver(|parts, _client: &ClientKey| {
     ///     let pro = parts.headers.get("x-api-key").is_some_and(|k| k == "secret");
-    ///     Box::pin(async move { pro.then(|| "pro".to_string()) })
+    ///     async move { pro.then(|| "pro".to_string()) }
     /// });
     /// # let _ = layer;
     /// ```
-    pub fn resolver<F>(mut self, resolve: F) -> Self
+    pub fn resolver<F, Fut>(mut self, resolve: F) -> Self
     where
-        F: Fn(&http::request::Parts, &ClientKey) -> PlanFuture + Send + Sync + 'static,
+        F: Fn(&http::request::Parts, &ClientKey) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Option<String>> + Send + 'static,
     {
-        self.set_hook(|h| h.resolver = Some(Arc::new(resolve)));
+        let boxed = move |parts: &http::request::Parts, client: &ClientKey| -> PlanFuture {
+            Box::pin(resolve(parts, client))
+        };
+        self.set_hook(|h| h.resolver = Some(Arc::new(boxed)));
+        self.warn_new("resolver");
         self
     }
 
     /// The authenticated user of a request (for [`KeySource::User`]), typically from an
-    /// extension your auth layer inserted. `None` means not authenticated.
-    pub fn user<F>(mut self, extract: F) -> Self
+    /// extension your auth layer inserted: a `String`, a `&'static str`, a `Box<str>`. `None`
+    /// means not authenticated. A layer whose key sources do not include `user` never calls it
+    /// (it warns, see [`warnings`](Self::warnings)).
+    ///
+    /// ```
+    /// use tollgate::http::{HttpConfig, KeySource, RateLimitLayer};
+    /// #[derive(Clone)]
+    /// struct User(String); // what your auth layer puts in the request's extensions
+    /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1m\"\n")?.key([KeySource::User]);
+    /// let layer = RateLimitLayer::new(config)?
+    ///     .user(|parts| parts.extensions.get::<User>().map(|u| u.0.clone()));
+    /// assert!(layer.warnings().is_empty());
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn user<F, U>(mut self, extract: F) -> Self
     where
-        F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
+        F: Fn(&http::request::Parts) -> Option<U> + Send + Sync + 'static,
+        U: Into<Box<str>>,
     {
-        self.set_hook(|h| h.user = Some(Arc::new(extract)));
+        let boxed = move |parts: &http::request::Parts| extract(parts).map(Into::into);
+        self.set_hook(|h| h.user = Some(Arc::new(boxed)));
+        self.warn_new("user");
         self
     }
 
     /// Keys requests by your own function of the request head instead of the configured
-    /// sources: a key, or a (boxed) response that rejects the request (counted as a bad-key
-    /// rejection). Its keys are taken as given (no [`OnBadKey`] fallback, no unknown-key test).
+    /// sources: a key, or any response that rejects the request (anything that implements
+    /// axum's [`IntoResponse`]: a status, a `(StatusCode, &str)` pair, a `Response`; counted
+    /// as a bad-key rejection). Its keys are taken as given (no [`OnBadKey`] fallback, no
+    /// unknown-key test).
     ///
     /// [`OnBadKey`]: crate::http::OnBadKey
     ///
     /// ```
-    /// use bytes::Bytes;
-    /// use http::{Response, StatusCode};
-    /// use http_body_util::Full;
+    /// use axum::http::StatusCode;
     /// use tollgate::http::{ClientKey, HttpConfig, RateLimitLayer};
     /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1m\"\n")?;
     /// let layer = RateLimitLayer::new(config)?.key_extractor(|parts| {
     ///     match parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()) {
-    ///         Some(tenant) => Ok(ClientKey::User(tenant.into())),
-    ///         None => {
-    ///             let mut no = Response::new(Full::new(Bytes::from("tenant required")));
-    ///             *no.status_mut() = StatusCode::UNAUTHORIZED;
-    ///             Err(Box::new(no))
-    ///         }
+    ///         Some(tenant) => Ok(ClientKey::user(tenant)),
+    ///         None => Err((StatusCode::UNAUTHORIZED, "tenant required")),
     ///     }
     /// });
     /// # let _ = layer;
     /// # Ok::<(), tollgate::Error>(())
     /// ```
-    pub fn key_extractor<F>(mut self, extract: F) -> Self
+    pub fn key_extractor<F, R>(mut self, extract: F) -> Self
     where
-        F: Fn(&http::request::Parts) -> Result<ClientKey, Box<Response<Full<Bytes>>>>
-            + Send
-            + Sync
-            + 'static,
+        F: Fn(&http::request::Parts) -> Result<ClientKey, R> + Send + Sync + 'static,
+        R: IntoResponse,
     {
-        self.set_hook(|h| h.key = Some(Arc::new(extract)));
+        let boxed = move |parts: &http::request::Parts| {
+            extract(parts).map_err(|r| Box::new(r.into_response()))
+        };
+        self.set_hook(|h| h.key = Some(Arc::new(boxed)));
+        self.warn_new("key_extractor");
         self
     }
 
-    /// Answers denials with your own response (status, body, headers) instead of the JSON 429
-    /// or the gRPC status. The layer adds `Retry-After` and the configured rate-limit headers
-    /// wherever your response does not set them itself.
+    /// Answers denials with your own response instead of the JSON 429 or the gRPC status:
+    /// anything that implements axum's [`IntoResponse`] (a `(StatusCode, String)` pair, a
+    /// `Json`, a `Response`). The layer adds `Retry-After` and the configured rate-limit
+    /// headers wherever your response does not set them itself.
     ///
     /// ```
-    /// use bytes::Bytes;
-    /// use http::{Response, StatusCode};
-    /// use http_body_util::Full;
+    /// use axum::http::StatusCode;
     /// use tollgate::http::{HttpConfig, RateLimitLayer};
     /// let config = HttpConfig::parse("[plans.free]\nlimit = 10\nwindow = \"1m\"\n")?;
     /// let layer = RateLimitLayer::new(config)?.on_denied(|denied| {
     ///     let body = format!("slow down: {} ({} s)", denied.limit, denied.decision.retry_after().as_secs());
-    ///     let mut resp = Response::new(Full::new(Bytes::from(body)));
-    ///     *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    ///     resp
+    ///     (StatusCode::SERVICE_UNAVAILABLE, body)
     /// });
     /// # let _ = layer;
     /// # Ok::<(), tollgate::Error>(())
     /// ```
-    pub fn on_denied<F>(mut self, respond: F) -> Self
+    pub fn on_denied<F, R>(mut self, respond: F) -> Self
     where
-        F: Fn(&Denied<'_>) -> Response<Full<Bytes>> + Send + Sync + 'static,
+        F: Fn(&Denied<'_>) -> R + Send + Sync + 'static,
+        R: IntoResponse,
     {
-        self.set_hook(|h| h.denied = Some(Arc::new(respond)));
+        let boxed = move |denied: &Denied<'_>| respond(denied).into_response();
+        self.set_hook(|h| h.denied = Some(Arc::new(boxed)));
         self
     }
 
@@ -581,13 +641,19 @@ impl<C: Clock> RateLimitLayer<C> {
     /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn metrics(&self) -> String {
-        self.shared.core.exposition.render(|| self.publish_to(&[]))
+        let current = self.current();
+        current
+            .shared
+            .core
+            .exposition
+            .render(|| current.publish_to(&[]))
     }
 
     /// Publishes the same counters through the `metrics` facade (feature `metrics`), labelled
     /// `limiter = name`, under the names [`metrics`](Self::metrics) renders.
     pub fn publish_metrics(&self, name: &str) {
-        self.publish_to(&crate::stats::publish::limiter(name));
+        self.current()
+            .publish_to(&crate::stats::publish::limiter(name));
     }
 
     fn publish_to(&self, base: &[metrics::Label]) {
@@ -627,6 +693,7 @@ fn build_limiter<C: Clock>(
 fn plan_infos(
     config: &HttpConfig,
     id: &impl Fn(&str) -> Result<PlanId, Error>,
+    labels: &mut LimitLabels,
 ) -> Result<Vec<Option<PlanInfo>>, Error> {
     let mut plans: Vec<Option<PlanInfo>> = Vec::new();
     for (name, plan) in &config.limiter_plans() {
@@ -636,18 +703,24 @@ fn plan_infos(
         }
         plans[at] = Some(PlanInfo {
             quotas: plan.quotas().to_vec(),
-            policy: Policy::new(name, plan.quotas()),
+            policy: Limit {
+                policy: HeaderPolicy::new(name, plan.quotas()),
+                counters: labels.parts("plan", name, plan.quotas().len()),
+            },
             shadow: plan.strategy_kind() == Strategy::Shadow,
         });
     }
     Ok(plans)
 }
 
-/// The config's rules with their plans resolved to ids (`id`) and their policies made.
+/// The config's rules with their plans resolved to ids (`id`), their paths compiled (`paths`,
+/// in the rules' order) and their policies made.
 fn compile_rules(
     config: &HttpConfig,
     plans: &[Option<PlanInfo>],
+    paths: Vec<Option<PathPattern>>,
     id: &impl Fn(&str) -> Result<PlanId, Error>,
+    labels: &mut LimitLabels,
 ) -> Result<Vec<CompiledRule>, Error> {
     if config.rules.len() > usize::from(u16::MAX) {
         return Err(Error::Config {
@@ -656,7 +729,7 @@ fn compile_rules(
         });
     }
     let mut rules = Vec::new();
-    for r in &config.rules {
+    for (r, path) in config.rules.iter().zip(paths) {
         // A rule in shadow mode charges its plans' shadow twins.
         let own = |plan: &str| {
             if r.shadow {
@@ -673,10 +746,15 @@ fn compile_rules(
         let mut policies = HashMap::new();
         for p in tiers.values().copied().chain([plan]) {
             let quotas = plan_info(plans, p).map_or(&[][..], |i| &i.quotas[..]);
-            policies.insert(p, Policy::new(&r.name, quotas));
+            let limit = Limit {
+                policy: HeaderPolicy::new(&r.name, quotas),
+                counters: labels.parts("rule", &r.name, quotas.len()),
+            };
+            policies.insert(p, limit);
         }
         rules.push(CompiledRule {
             rule: r.clone(),
+            path,
             plan,
             tiers,
             policies,

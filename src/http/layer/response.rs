@@ -2,23 +2,22 @@
 //! service answers), a refund after the response, the 429 and the layer's other answers, and
 //! the response future that carries what a forwarded request's response needs.
 
-use std::fmt::Write as _;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue};
+use http::header::HeaderValue;
 use http::{HeaderMap, Response, StatusCode};
-use http_body_util::Full;
 
 use super::charge::{Check, Checks, Passed, refund_all};
-use super::{Denied, RateLimitLayer, plan_info};
+use super::{Answer, Denied, Limit, RateLimitLayer, plan_info};
 use crate::clock::Clock;
 use crate::decision::Reason;
+use crate::http::headers::{Made, RateLimitHeaders, insert_num};
 use crate::http::keys::ClientKey;
+use crate::http::metrics::LimitLabels;
 use crate::http::{format, grpc};
-use crate::quota::Quota;
 
 /// The response body: axum's [`Body`](axum::body::Body), for every inner service. An inner
 /// body that is axum's own passes through as it is (no allocation: axum, which boxes any other
@@ -26,54 +25,6 @@ use crate::quota::Quota;
 /// `Full<Bytes>`) is boxed once, as axum and tonic would box it; the layer's own answers (429,
 /// 400, gRPC statuses) are carried in it too.
 pub type RateLimitBody = axum::body::Body;
-
-/// The IETF policy items of one limit (a plan under a label), formatted once at construction.
-#[derive(Debug)]
-pub(super) struct Policy {
-    /// The limit's name: the plan's, or the rule's.
-    label: String,
-    /// One structured-field string per part: `"free"`, or `"pro.0"`, `"pro.1"`.
-    names: Vec<String>,
-    /// The `RateLimit-Policy` items, joined: `"pro.0";q=4;w=1, "pro.1";q=100;w=3600`.
-    items: String,
-    /// `items` as a header value, for the common case of one limit.
-    header: Option<HeaderValue>,
-}
-
-impl Policy {
-    pub(super) fn new(label: &str, quotas: &[Quota]) -> Policy {
-        let many = quotas.len() > 1;
-        let mut names = Vec::with_capacity(quotas.len());
-        let mut items = String::new();
-        for (i, q) in quotas.iter().enumerate() {
-            let name = if many {
-                format::sf_string(&format!("{label}.{i}"))
-            } else {
-                format::sf_string(label)
-            };
-            if i > 0 {
-                items.push_str(", ");
-            }
-            let _ = write!(
-                items,
-                "{name};q={};w={}",
-                q.limit(),
-                format::ceil_secs(crate::clock::nanos(q.period())).max(1)
-            );
-            if q.burst_size() != q.limit() && q.algo().name().ends_with("bucket") {
-                let _ = write!(items, ";burst={}", q.burst_size());
-            }
-            names.push(name);
-        }
-        let header = HeaderValue::from_str(&items).ok();
-        Policy {
-            label: label.to_string(),
-            names,
-            items,
-            header,
-        }
-    }
-}
 
 impl<C: Clock> RateLimitLayer<C> {
     /// What a passed request's response needs, riding along its future: nothing (no headers,
@@ -125,7 +76,7 @@ impl<C: Clock> RateLimitLayer<C> {
 
     /// The policy a check is described by: its plan's, or its rule's under that plan. `None`
     /// only if the plan vanished from the tables (never: the layer adds no plans).
-    fn policy(&self, c: &Check) -> Option<&Policy> {
+    fn policy(&self, c: &Check) -> Option<&Limit> {
         let core = &self.shared.core;
         match c.key.rule {
             None => plan_info(&core.plans, c.plan).map(|p| &p.policy),
@@ -146,65 +97,41 @@ impl<C: Clock> RateLimitLayer<C> {
     /// The configured headers for `checks`, made now (see [`Made`]); limits in shadow mode
     /// add none.
     fn headers_for(&self, checks: &[Check]) -> Made {
-        let checks = checks.iter().filter(|c| !self.shadowed(c));
         let style = self.shared.core.config.headers;
-        let mut made = Made::default();
-        let Some(first) = checks.clone().next() else {
-            return made;
+        let mut shown = checks.iter().filter(|c| !self.shadowed(c)).peekable();
+        let Some(first) = shown.peek() else {
+            return Made::default();
         };
-        let single = checks.clone().nth(1).is_none();
-        made.soft = checks
-            .clone()
-            .any(|c| c.detailed.decision.reason() == Reason::SoftLimit);
-        if style.github() {
-            let mut merged = first.detailed.decision;
-            for c in checks.clone().skip(1) {
-                merged.merge(&c.detailed.decision);
+        let epoch = self.shared.core.limiter.clock().unix_epoch_ns();
+        let mut made = RateLimitHeaders::at(style, epoch.saturating_add(first.detailed.now));
+        for c in shown {
+            if let Some(limit) = self.policy(c) {
+                made.add(&limit.policy, &c.detailed.decision, c.detailed.parts());
             }
-            let epoch = self.shared.core.limiter.clock().unix_epoch_ns();
-            made.github = Some([
-                merged.limit(),
-                merged.remaining(),
-                format::unix_secs_at(epoch, first.detailed.now, merged.reset_after_ns()),
-            ]);
         }
-        if style.ietf() {
-            let policy = match single {
-                true => self.policy(first).and_then(|p| p.header.clone()),
-                false => {
-                    let mut items = String::new();
-                    for p in checks.clone().filter_map(|c| self.policy(c)) {
-                        if !items.is_empty() {
-                            items.push_str(", ");
-                        }
-                        items.push_str(&p.items);
-                    }
-                    HeaderValue::from_str(&items).ok()
-                }
-            };
-            let mut state = String::with_capacity(32 * checks.clone().count());
-            for c in checks {
-                let Some(policy) = self.policy(c) else {
-                    continue;
-                };
-                for (name, d) in policy.names.iter().zip(c.detailed.parts()) {
-                    if !state.is_empty() {
-                        state.push_str(", ");
-                    }
-                    let _ = write!(
-                        state,
-                        "{name};r={};t={}",
-                        d.remaining(),
-                        format::ceil_secs(d.reset_after_ns())
-                    );
-                }
+        made.made()
+    }
+
+    /// The `tollgate_http_limited_total` counter of the limit that denied `c`: its part that
+    /// denied, or why the key was denied before any part decided (a penalty, a full table).
+    pub(super) fn denied_by(&self, c: &Check) -> usize {
+        match c.detailed.decision.reason() {
+            Reason::Blocked => LimitLabels::BLOCKED,
+            Reason::TableFull => LimitLabels::TABLE_FULL,
+            _ => {
+                let part = c
+                    .detailed
+                    .parts()
+                    .position(|d| !d.is_allowed())
+                    .unwrap_or(0);
+                let counters = self.policy(c).map_or(&[][..], |l| &l.counters[..]);
+                counters
+                    .get(part)
+                    .or(counters.first())
+                    .copied()
+                    .unwrap_or(LimitLabels::BLOCKED)
             }
-            made.ietf = Some(Ietf {
-                policy,
-                state: HeaderValue::from_str(&state).ok(),
-            });
         }
-        made
     }
 
     /// The answer to a denial at `checks[at]`: the custom response, the gRPC status, or the
@@ -215,7 +142,7 @@ impl<C: Clock> RateLimitLayer<C> {
         client: &ClientKey,
         checks: &[Check],
         at: usize,
-    ) -> Response<Full<Bytes>> {
+    ) -> Answer {
         let c = &checks[at];
         let d = c.detailed.decision;
         let message = match d.reason() {
@@ -249,7 +176,7 @@ impl<C: Clock> RateLimitLayer<C> {
         );
         self.write_headers(&mut ours, checks);
         if let Some(respond) = &self.shared.hooks.denied {
-            let label = self.policy(c).map_or("", |p| p.label.as_str());
+            let label = self.policy(c).map_or("", |p| p.policy.label());
             let mut resp = respond(&Denied {
                 request: parts,
                 client,
@@ -267,6 +194,7 @@ impl<C: Clock> RateLimitLayer<C> {
         }
         let mut resp = if grpc::is_grpc(parts) {
             grpc::status(grpc::RESOURCE_EXHAUSTED, &message, Some(d.retry_after_ns()))
+                .map(RateLimitBody::new)
         } else {
             let epoch = self.shared.core.limiter.clock().unix_epoch_ns();
             let reset_at = format::rfc3339(format::unix_secs_at(
@@ -280,7 +208,7 @@ impl<C: Clock> RateLimitLayer<C> {
                 "reset_at": reset_at,
             })
             .to_string();
-            let mut resp = Response::new(Full::new(Bytes::from(body)));
+            let mut resp = Response::new(RateLimitBody::from(body));
             *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,
@@ -293,74 +221,6 @@ impl<C: Clock> RateLimitLayer<C> {
     }
 }
 
-/// The rate-limit headers of a response, made from its charges: `X-RateLimit-*` (limit,
-/// remaining, reset as Unix seconds), the IETF `RateLimit-Policy` and `RateLimit`, and whether a
-/// soft limit passed it (`Warning`). Made when the request is charged, so a passed request
-/// without a refund hook carries these few values to its response instead of its charges and
-/// the layer.
-#[derive(Default)]
-pub(super) struct Made {
-    github: Option<[u64; 3]>,
-    ietf: Option<Ietf>,
-    soft: bool,
-}
-
-/// The IETF headers: `RateLimit-Policy` and `RateLimit`.
-struct Ietf {
-    policy: Option<HeaderValue>,
-    state: Option<HeaderValue>,
-}
-
-impl Made {
-    /// True when there is nothing to add.
-    fn is_empty(&self) -> bool {
-        self.github.is_none() && self.ietf.is_none() && !self.soft
-    }
-
-    /// Adds the headers to `headers`.
-    fn write(self, headers: &mut HeaderMap) {
-        // One growth of the map at most, instead of one per header.
-        let n = 3 * usize::from(self.github.is_some())
-            + 2 * usize::from(self.ietf.is_some())
-            + usize::from(self.soft);
-        if n == 0 {
-            return;
-        }
-        headers.reserve(n);
-        if let Some([limit, remaining, reset]) = self.github {
-            insert_num(headers, X_RATELIMIT_LIMIT, limit);
-            insert_num(headers, X_RATELIMIT_REMAINING, remaining);
-            insert_num(headers, X_RATELIMIT_RESET, reset);
-        }
-        if let Some(ietf) = self.ietf {
-            if let Some(v) = ietf.policy {
-                headers.insert(RATELIMIT_POLICY, v);
-            }
-            if let Some(v) = ietf.state {
-                headers.insert(RATELIMIT, v);
-            }
-        }
-        if self.soft {
-            headers.insert(
-                http::header::WARNING,
-                HeaderValue::from_static(
-                    "199 tollgate \"rate limit exceeded; passed by the soft limit\"",
-                ),
-            );
-        }
-    }
-}
-
-const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-
-fn insert_num(headers: &mut HeaderMap, name: HeaderName, n: u64) {
-    headers.insert(name, format::header_num(n));
-}
-
 /// The layer's own answer that is not a denial: JSON with `status`, or for a gRPC request the
 /// gRPC status `grpc_code`.
 pub(super) fn reject(
@@ -369,12 +229,13 @@ pub(super) fn reject(
     grpc_code: u32,
     error: &str,
     message: &str,
-) -> Response<Full<Bytes>> {
+) -> Answer {
     if grpc::is_grpc(parts) {
-        return grpc::status(grpc_code, &format!("{error}: {message}"), None);
+        return grpc::status(grpc_code, &format!("{error}: {message}"), None)
+            .map(RateLimitBody::new);
     }
     let body = serde_json::json!({ "error": error, "message": message }).to_string();
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    let mut resp = Response::new(RateLimitBody::from(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -416,7 +277,7 @@ pin_project_lite::pin_project! {
             after: After<C>,
         },
         // The layer answers itself (a 429, a 400, a gRPC status).
-        Answer { response: Option<Response<Full<Bytes>>> },
+        Answer { response: Option<Answer> },
         // An async resolver or a queue delay.
         Boxed { future: BoxedResponse<E> },
     }
@@ -424,7 +285,7 @@ pin_project_lite::pin_project! {
 
 impl<F, E, C: Clock> ResponseFuture<F, E, C> {
     #[inline(always)]
-    pub(super) fn answer(response: Response<Full<Bytes>>) -> Self {
+    pub(super) fn answer(response: Answer) -> Self {
         ResponseFuture {
             state: State::Answer {
                 response: Some(response),
@@ -475,8 +336,7 @@ where
             }
             Projected::Answer { response } => Poll::Ready(Ok(response
                 .take()
-                .expect("a ResponseFuture polled after it completed")
-                .map(RateLimitBody::new))),
+                .expect("a ResponseFuture polled after it completed"))),
             Projected::Boxed { future } => future.as_mut().poll(cx),
         }
     }

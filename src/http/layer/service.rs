@@ -162,7 +162,7 @@ where
                 let found = layer.plan_named(&parts, client, name);
                 let passed = match layer.charge_any(&parts, found, cost).await {
                     Ok(p) => p,
-                    Err(resp) => return Ok(resp.map(RateLimitBody::new)),
+                    Err(resp) => return Ok(resp),
                 };
                 forward_after(layer, inner, Request::from_parts(parts, body), passed).await
             });
@@ -176,7 +176,7 @@ where
             return ResponseFuture::boxed(async move {
                 let passed = match layer.charge_exact(&parts, found, cost).await {
                     Ok(p) => p,
-                    Err(resp) => return Ok(resp.map(RateLimitBody::new)),
+                    Err(resp) => return Ok(resp),
                 };
                 forward_after(layer, inner, Request::from_parts(parts, body), passed).await
             });
