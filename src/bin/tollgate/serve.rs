@@ -37,6 +37,7 @@ pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
         RateLimitLayer::new(config)
             .map_err(|e| Fail::Run(format!("cannot build the limiter: {e}")))?
     };
+    warn(&layer);
     let plans = layer.limiter().plan_names().join(", ");
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -82,6 +83,13 @@ pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
     })
 }
 
+/// Says on stderr which settings of the config cannot take effect.
+fn warn(layer: &RateLimitLayer) {
+    for w in layer.warnings() {
+        eprintln!("tollgate serve: warning: {w}");
+    }
+}
+
 /// Resolves on SIGTERM or Ctrl-C.
 async fn stop() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
@@ -122,7 +130,10 @@ async fn watch(path: PathBuf, layer: RateLimitLayer) {
         seen = now;
         let shown = path.display();
         match HttpConfig::from_file(&path).and_then(|config| layer.reload(config)) {
-            Ok(()) => eprintln!("tollgate serve: reloaded '{shown}'"),
+            Ok(()) => {
+                eprintln!("tollgate serve: reloaded '{shown}'");
+                warn(&layer);
+            }
             Err(e) => eprintln!("tollgate serve: kept the running config; '{shown}': {e}"),
         }
     }

@@ -28,7 +28,8 @@ impl<C: Clock> RateLimitLayer<C> {
     /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn warnings(&self) -> Vec<String> {
-        self.warnings_by_hook()
+        self.current()
+            .warnings_by_hook()
             .into_iter()
             .map(|(_, w)| w)
             .collect()
