@@ -43,10 +43,17 @@ impl Algorithm {
         }
     }
 
-    /// Parses a configuration name (`gcra` is accepted for the token bucket).
+    /// Parses a configuration name, as [`name`](Self::name) writes it.
+    ///
+    /// ```
+    /// use tollgate::Algorithm;
+    /// assert_eq!(Algorithm::from_name("leaky_bucket"), Some(Algorithm::LeakyBucket));
+    /// // GCRA is the automaton of both buckets: the name does not say which one is meant.
+    /// assert_eq!(Algorithm::from_name("gcra"), None);
+    /// ```
     pub fn from_name(name: &str) -> Option<Algorithm> {
         Some(match name {
-            "token_bucket" | "gcra" => Algorithm::TokenBucket,
+            "token_bucket" => Algorithm::TokenBucket,
             "leaky_bucket" => Algorithm::LeakyBucket,
             "fixed_window" => Algorithm::FixedWindow,
             "sliding_window_counter" => Algorithm::SlidingWindowCounter,

@@ -19,6 +19,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+pub(crate) use super::duration::parse_duration;
+use super::duration::{DurationError, EXPECTED_DURATION, Int, RawDuration};
 use super::{MAX_PARTS, Plan, Strategy};
 use crate::error::Error;
 use crate::quota::{Algorithm, Quota};
@@ -46,30 +48,23 @@ struct File {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPlan {
-    limit: Option<Spanned<i64>>,
+    limit: Option<Spanned<Int>>,
     window: Option<Spanned<RawDuration>>,
-    burst: Option<Spanned<i64>>,
+    burst: Option<Spanned<Int>>,
     algorithm: Option<Spanned<String>>,
     strategy: Option<Spanned<String>>,
     max_delay: Option<Spanned<RawDuration>>,
-    headroom: Option<Spanned<i64>>,
+    headroom: Option<Spanned<Int>>,
     limits: Option<Spanned<Vec<Spanned<RawLimit>>>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawLimit {
-    limit: Option<Spanned<i64>>,
+    limit: Option<Spanned<Int>>,
     window: Option<Spanned<RawDuration>>,
-    burst: Option<Spanned<i64>>,
+    burst: Option<Spanned<Int>>,
     algorithm: Option<Spanned<String>>,
-}
-
-#[derive(Deserialize, Clone)]
-#[serde(untagged)]
-enum RawDuration {
-    Seconds(i64),
-    Text(String),
 }
 
 /// Line (1-based) of byte offset `at` in `src`.
@@ -100,25 +95,33 @@ impl Ctx<'_> {
         })
     }
 
-    fn positive(&self, v: &Spanned<i64>, field: &str) -> Result<u64, Error> {
-        match u64::try_from(*v.get_ref()) {
-            Ok(n) if n >= 1 => Ok(n),
-            _ => self.err(
+    fn positive(&self, v: &Spanned<Int>, field: &str) -> Result<u64, Error> {
+        if v.get_ref().0 < 1 {
+            return self.err(
                 v.span().start,
                 field,
                 format!("must be at least 1, got {}", v.get_ref()),
-            ),
+            );
         }
+        Ok(v.get_ref().saturated())
     }
 
-    fn duration(&self, v: &Spanned<RawDuration>, field: &str) -> Result<Duration, Error> {
-        let d = match v.get_ref() {
-            RawDuration::Seconds(s) => u64::try_from(*s).ok().map(Duration::from_secs),
-            RawDuration::Text(t) => parse_duration(t),
-        };
-        match d {
-            Some(d) if !d.is_zero() => Ok(d),
-            _ => self.err(
+    /// A positive duration of at most `max`; one too long is named in the unit written.
+    pub(crate) fn duration(
+        &self,
+        v: &Spanned<RawDuration>,
+        field: &str,
+        max: Duration,
+    ) -> Result<Duration, Error> {
+        let what = field.rsplit('.').next().unwrap_or(field);
+        match v.get_ref().to_duration(max) {
+            Ok(d) => Ok(d),
+            Err(DurationError::TooLong { written, max }) => self.err(
+                v.span().start,
+                field,
+                format!("{written} is longer than the longest {what}, {max}"),
+            ),
+            Err(DurationError::NotPositive) => self.err(
                 v.span().start,
                 field,
                 "must be a positive duration: whole seconds, or a string like \"500ms\", \"10s\", \"5m\", \"1h\", \"1d\", \"1m30s\", \"1.5s\"",
@@ -126,47 +129,26 @@ impl Ctx<'_> {
         }
     }
 
-    fn quota(
-        &self,
-        at: usize,
-        path: &str,
-        limit: Option<&Spanned<i64>>,
-        window: Option<&Spanned<RawDuration>>,
-        burst: Option<&Spanned<i64>>,
-        algorithm: Option<&Spanned<String>>,
-    ) -> Result<Quota, Error> {
-        let Some(limit) = limit else {
+    fn quota(&self, at: usize, path: &str, keys: QuotaKeys<'_>) -> Result<Quota, Error> {
+        let Some(limit) = keys.limit else {
             return self.err(at, path, "missing field `limit`");
         };
-        let Some(window) = window else {
+        let Some(window) = keys.window else {
             return self.err(at, path, "missing field `window`");
         };
         let mut q = Quota::new(
             self.positive(limit, &format!("{path}.limit"))?,
-            self.duration(window, &format!("{path}.window"))?,
+            self.duration(window, &format!("{path}.window"), Quota::MAX_PERIOD)?,
         );
-        if let Some(b) = burst {
+        if let Some(b) = keys.burst {
             q = q.burst(self.positive(b, &format!("{path}.burst"))?);
         }
-        if let Some(a) = algorithm {
-            match Algorithm::from_name(a.get_ref()) {
-                Some(alg) => q = q.algorithm(alg),
-                None => {
-                    return self.err(
-                        a.span().start,
-                        &format!("{path}.algorithm"),
-                        format!(
-                            "unknown algorithm '{}' (expected one of token_bucket, leaky_bucket, fixed_window, sliding_window_counter, sliding_window_log)",
-                            a.get_ref()
-                        ),
-                    );
-                }
-            }
+        if let Some(a) = keys.algorithm {
+            q = q.algorithm(self.algorithm(a, &format!("{path}.algorithm"))?);
         }
-        // The remaining checks (rate too high, burst too large, limit too large for the cell).
         // A burst does nothing for a window algorithm (it admits `limit` a window): a key that
         // would be silently ignored is an error.
-        if let Some(b) = burst {
+        if let Some(b) = keys.burst {
             if !matches!(q.algo(), Algorithm::TokenBucket | Algorithm::LeakyBucket) {
                 return self.err(
                     b.span().start,
@@ -178,73 +160,108 @@ impl Ctx<'_> {
                 );
             }
         }
-        // Each named at the field it is about: the burst's, the window's, or the limit's line.
+        // The remaining checks (rate too high, burst too large, limit too large for the cell),
+        // each named at the field it is about with the value as written and the largest accepted.
         if let Err(e) = q.compile(0) {
-            let (at, field) = match &e {
-                Error::BurstTooLarge { .. } => {
-                    burst.map_or((limit.span().start, "limit"), |b| (b.span().start, "burst"))
+            let per = window_written(window.get_ref());
+            let (at, field, message) = match e {
+                Error::BurstTooLarge { max, .. } => {
+                    let (at, field, value) = keys.burst.map_or(
+                        (limit.span().start, "limit", limit.get_ref()),
+                        |b| (b.span().start, "burst", b.get_ref()),
+                    );
+                    let message = format!("{value} is too large for this rate (at most {max})");
+                    (at, field, message)
                 }
-                Error::PeriodTooLong { .. } => (window.span().start, "window"),
-                Error::RateTooHigh { .. } => (window.span().start, "window"),
-                _ => (limit.span().start, "limit"),
+                Error::RateTooHigh { period_ns, .. } => (
+                    limit.span().start,
+                    "limit",
+                    format!(
+                        "{} per {per} is more than one per nanosecond (at most {period_ns} per {per})",
+                        limit.get_ref()
+                    ),
+                ),
+                Error::LimitTooLarge { algorithm, max, .. } => (
+                    limit.span().start,
+                    "limit",
+                    format!(
+                        "{} is too large for {algorithm} (at most {max})",
+                        limit.get_ref()
+                    ),
+                ),
+                e => (limit.span().start, "limit", e.to_string()),
             };
-            return self.err(at, &format!("{path}.{field}"), e);
+            return self.err(at, &format!("{path}.{field}"), message);
         }
         Ok(q)
     }
+
+    /// An algorithm by its name. `gcra` is refused with a hint: here GCRA is the automaton of
+    /// both `token_bucket` and `leaky_bucket`, so the name would not say which one is meant.
+    fn algorithm(&self, a: &Spanned<String>, field: &str) -> Result<Algorithm, Error> {
+        if let Some(alg) = Algorithm::from_name(a.get_ref()) {
+            return Ok(alg);
+        }
+        let message = if a.get_ref().eq_ignore_ascii_case("gcra") {
+            format!(
+                "unknown algorithm '{}': GCRA runs both token_bucket and leaky_bucket here, so write the one you mean",
+                a.get_ref()
+            )
+        } else {
+            format!(
+                "unknown algorithm '{}' (expected one of token_bucket, leaky_bucket, fixed_window, sliding_window_counter, sliding_window_log)",
+                a.get_ref()
+            )
+        };
+        self.err(a.span().start, field, message)
+    }
 }
 
-/// Parses `"500ms"`, `"10s"`, `"5m"`, `"1h"`, `"1d"`, `"250us"`, `"10ns"`, sums of them
-/// (`"1m30s"`, `"1h 30m"`) and fractions (`"1.5s"`, `"0.25h"`), in exact integer nanoseconds:
-/// `None` for anything else, a fraction of a nanosecond, or a sum past `u64::MAX` ns.
-pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    let mut total: u64 = 0;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(rest.len());
-        let (number, tail) = rest.split_at(digits);
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == ' ')
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_len);
-        let ns_per: u64 = match unit {
-            "ns" => 1,
-            "us" | "µs" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" | "min" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            "d" => 86_400_000_000_000,
-            _ => return None,
-        };
-        let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
-        if whole.is_empty() && frac.is_empty() || frac.contains('.') {
-            return None;
+/// The keys of one quota: a plan's own `limit`, `window`, `burst`, `algorithm`, or one item of
+/// its `limits`.
+struct QuotaKeys<'a> {
+    limit: Option<&'a Spanned<Int>>,
+    window: Option<&'a Spanned<RawDuration>>,
+    burst: Option<&'a Spanned<Int>>,
+    algorithm: Option<&'a Spanned<String>>,
+}
+
+impl<'a> QuotaKeys<'a> {
+    fn of_plan(raw: &'a RawPlan) -> Self {
+        QuotaKeys {
+            limit: raw.limit.as_ref(),
+            window: raw.window.as_ref(),
+            burst: raw.burst.as_ref(),
+            algorithm: raw.algorithm.as_ref(),
         }
-        let whole: u64 = if whole.is_empty() {
-            0
-        } else {
-            whole.parse().ok()?
-        };
-        let mut ns = whole.checked_mul(ns_per)?;
-        if !frac.is_empty() {
-            // The fraction's digits over 10^len, times the unit: whole nanoseconds only.
-            let scale = 10u128.checked_pow(u32::try_from(frac.len()).ok()?)?;
-            let num = frac.parse::<u128>().ok()? * u128::from(ns_per);
-            if num % scale != 0 {
-                return None;
-            }
-            ns = ns.checked_add(u64::try_from(num / scale).ok()?)?;
-        }
-        total = total.checked_add(ns)?;
-        rest = tail.trim_start();
     }
-    Some(Duration::from_nanos(total))
+    fn of_limit(raw: &'a RawLimit) -> Self {
+        QuotaKeys {
+            limit: raw.limit.as_ref(),
+            window: raw.window.as_ref(),
+            burst: raw.burst.as_ref(),
+            algorithm: raw.algorithm.as_ref(),
+        }
+    }
+    /// The first key set, in the order a reader looks for them.
+    fn first_set(&self) -> Option<(&'static str, usize)> {
+        [
+            ("limit", self.limit.map(|v| v.span().start)),
+            ("window", self.window.map(|v| v.span().start)),
+            ("burst", self.burst.map(|v| v.span().start)),
+            ("algorithm", self.algorithm.map(|v| v.span().start)),
+        ]
+        .into_iter()
+        .find_map(|(name, at)| Some((name, at?)))
+    }
+}
+
+/// A window as the user wrote it: `"1m30s"`, or whole seconds as `"60s"`.
+fn window_written(window: &RawDuration) -> String {
+    match window {
+        RawDuration::Seconds(s) => format!("{s}s"),
+        RawDuration::Text(t) => t.trim().to_string(),
+    }
 }
 
 impl PlanConfig {
@@ -311,34 +328,25 @@ impl PlanConfig {
 impl Ctx<'_> {
     fn plan(&self, name: &str, at: usize, raw: RawPlan) -> Result<Plan, Error> {
         let path = format!("plans.{name}");
+        let own = QuotaKeys::of_plan(&raw);
         let mut quotas = Vec::new();
-        if raw.limit.is_some()
-            || raw.window.is_some()
-            || raw.burst.is_some()
-            || raw.algorithm.is_some()
-        {
-            quotas.push(self.quota(
-                at,
-                &path,
-                raw.limit.as_ref(),
-                raw.window.as_ref(),
-                raw.burst.as_ref(),
-                raw.algorithm.as_ref(),
-            )?);
-        }
-        if let Some(limits) = &raw.limits {
-            for (i, l) in limits.get_ref().iter().enumerate() {
-                let l_at = l.span().start;
-                let l = l.get_ref();
-                quotas.push(self.quota(
-                    l_at,
-                    &format!("{path}.limits[{i}]"),
-                    l.limit.as_ref(),
-                    l.window.as_ref(),
-                    l.burst.as_ref(),
-                    l.algorithm.as_ref(),
-                )?);
+        match (own.first_set(), &raw.limits) {
+            // Both would be parts of one compound plan: a reader of either would miss the other.
+            (Some((key, key_at)), Some(_)) => {
+                return self.err(
+                    key_at,
+                    &path,
+                    format!("`{key}` beside `limits`: a plan has either its own `limit` and `window`, or a list of `limits`; write every limit in `limits`"),
+                );
             }
+            (Some(_), None) => quotas.push(self.quota(at, &path, own)?),
+            (None, Some(limits)) => {
+                for (i, l) in limits.get_ref().iter().enumerate() {
+                    let keys = QuotaKeys::of_limit(l.get_ref());
+                    quotas.push(self.quota(l.span().start, &format!("{path}.limits[{i}]"), keys)?);
+                }
+            }
+            (None, None) => {}
         }
         if quotas.is_empty() {
             return self.err(at, &path, "no limit: set `limit` and `window`, or `limits`");
@@ -387,7 +395,11 @@ impl Ctx<'_> {
                         );
                     };
                     Strategy::Queue {
-                        max_delay: self.duration(d, &format!("{path}.max_delay"))?,
+                        max_delay: self.duration(
+                            d,
+                            &format!("{path}.max_delay"),
+                            Duration::from_nanos(u64::MAX),
+                        )?,
                     }
                 }
                 other => {
@@ -402,23 +414,27 @@ impl Ctx<'_> {
     }
 
     /// A plan's `headroom`: units below the smallest capacity of its quotas.
-    fn headroom(&self, path: &str, h: &Spanned<i64>, plan: &Plan) -> Result<u64, Error> {
-        let Ok(units) = u64::try_from(*h.get_ref()) else {
+    fn headroom(&self, path: &str, h: &Spanned<Int>, plan: &Plan) -> Result<u64, Error> {
+        let written = h.get_ref().0;
+        if written < 0 {
             return self.err(
                 h.span().start,
                 &format!("{path}.headroom"),
-                "must not be negative",
-            );
-        };
-        let capacity = plan.quotas().iter().map(Quota::capacity).min().unwrap_or(0);
-        if units >= capacity {
-            return self.err(
-                h.span().start,
-                &format!("{path}.headroom"),
-                format!("{units} leaves nothing of capacity {capacity}"),
+                format!("must not be negative, got {written}"),
             );
         }
-        Ok(units)
+        let capacity = plan.quotas().iter().map(Quota::capacity).min().unwrap_or(0);
+        if written >= i128::from(capacity) {
+            return self.err(
+                h.span().start,
+                &format!("{path}.headroom"),
+                format!(
+                    "{written} leaves nothing of capacity {capacity} (at most {})",
+                    capacity.saturating_sub(1)
+                ),
+            );
+        }
+        Ok(h.get_ref().saturated())
     }
 }
 
@@ -466,9 +482,8 @@ fn field_path(path: &serde_path_to_error::Path) -> String {
 
 fn toml_error(src: &str, e: &toml::de::Error, field: Option<String>) -> Error {
     let message = e.message().trim();
-    let message = if message.contains("untagged enum RawDuration") {
-        "expected a duration: whole seconds (60) or text (\"1m30s\", \"1.5s\", \"1h 30m\")"
-            .to_string()
+    let message = if message.contains(EXPECTED_DURATION) {
+        format!("expected {EXPECTED_DURATION}")
     } else {
         message
             .replace("expected i64", "expected an integer")
