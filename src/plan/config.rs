@@ -34,6 +34,51 @@ use crate::quota::{Algorithm, Quota};
 /// let err = PlanConfig::parse("[plans.free]\nlimit = 0\nwindow = 60\n").unwrap_err();
 /// assert_eq!(err.to_string(), "line 2: plans.free.limit: must be at least 1, got 0");
 /// ```
+///
+/// In an app's own config (figment, config-rs, serde_json, toml...), it is a field like any
+/// other (`Deserialize`), with the same tables, checks and messages as the file; every key is
+/// in `docs/config.md`.
+///
+/// ```
+/// use serde::Deserialize;
+/// use tollgate::{Limiter, PlanConfig};
+///
+/// #[derive(Deserialize)]
+/// struct AppConfig {
+///     listen: String,
+///     rate_limits: PlanConfig,
+/// }
+///
+/// let app: AppConfig = toml::from_str(r#"
+/// listen = "0.0.0.0:8080"
+///
+/// [rate_limits.plans.free]
+/// limit = 100
+/// window = "1m"
+///
+/// [rate_limits.plans.pro]
+/// limits = [ { limit = 10, window = "1s" }, { limit = 10000, window = "1d" } ]
+/// "#)?;
+/// assert_eq!(app.listen, "0.0.0.0:8080");
+/// assert_eq!(app.rate_limits.names(), ["free", "pro"]);
+/// let limiter = Limiter::<u64>::builder().plans(app.rate_limits).build()?;
+/// assert_eq!(limiter.check(&1).limit(), 100); // the first plan is the default one
+///
+/// // The same checks as the file, naming the field (the app's parser adds where it is).
+/// let err = toml::from_str::<AppConfig>(
+///     "listen = \"x\"\n[rate_limits.plans.free]\nlimit = 0\nwindow = 60\n",
+/// )
+/// .err()
+/// .unwrap();
+/// assert!(err.to_string().contains("plans.free.limit: must be at least 1, got 0"), "{err}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Plans keep the order the format gives them, and the first is the default plan (the one
+/// [`Limiter::check`](crate::Limiter::check) uses): a source that sorts its keys (figment) or
+/// does not keep their order makes the alphabetically first, or any, plan the default. Give
+/// the builder a [`quota`](crate::Builder::quota) of its own, or, in the HTTP layer's
+/// `HttpConfig`, set `http.default_plan`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanConfig {
     plans: Vec<(String, Plan)>,
@@ -41,7 +86,7 @@ pub struct PlanConfig {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct File {
+pub(crate) struct File {
     plans: std::collections::BTreeMap<String, Spanned<RawPlan>>,
 }
 
@@ -262,6 +307,35 @@ fn window_written(window: &RawDuration) -> String {
         RawDuration::Seconds(s) => format!("{s}s"),
         RawDuration::Text(t) => t.trim().to_string(),
     }
+}
+
+/// A `PlanConfig` inside an app's own config, from any serde format: the same table as the
+/// file (`plans.NAME...`), the same checks and messages (each naming the dotted field, with no
+/// line: the line belongs to the app's parser).
+impl<'de> Deserialize<'de> for PlanConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        deserialize_via(d, PlanConfig::parse)
+    }
+}
+
+/// Deserializes a config the way its file parser reads it, from any self-describing format: the
+/// value is taken as a TOML table (in the order the format gives its keys), written out as TOML
+/// and read by `parse`, so an embedded config gets exactly the checks of a file. An error keeps
+/// its message (the dotted field) and drops its line, which would count lines of that text.
+pub(crate) fn deserialize_via<'de, D, T>(
+    d: D,
+    parse: fn(&str) -> Result<T, Error>,
+) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::de::Error as _;
+    let table = toml::Table::deserialize(d)?;
+    let text = toml::to_string(&table).map_err(D::Error::custom)?;
+    parse(&text).map_err(|e| match e {
+        Error::Config { message, .. } => D::Error::custom(message),
+        e => D::Error::custom(e),
+    })
 }
 
 impl PlanConfig {
