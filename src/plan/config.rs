@@ -211,10 +211,11 @@ impl Ctx<'_> {
             let per = window_written(window.get_ref());
             let (at, field, message) = match e {
                 Error::BurstTooLarge { max, .. } => {
-                    let (at, field, value) = keys.burst.map_or(
-                        (limit.span().start, "limit", limit.get_ref()),
-                        |b| (b.span().start, "burst", b.get_ref()),
-                    );
+                    let (at, field, value) = keys
+                        .burst
+                        .map_or((limit.span().start, "limit", limit.get_ref()), |b| {
+                            (b.span().start, "burst", b.get_ref())
+                        });
                     let message = format!("{value} is too large for this rate (at most {max})");
                     (at, field, message)
                 }
@@ -417,7 +418,11 @@ impl Ctx<'_> {
             (None, Some(limits)) => {
                 for (i, l) in limits.get_ref().iter().enumerate() {
                     let keys = QuotaKeys::of_limit(l.get_ref());
-                    quotas.push(self.quota(l.span().start, &format!("{path}.limits[{i}]"), keys)?);
+                    quotas.push(self.quota(
+                        l.span().start,
+                        &format!("{path}.limits[{i}]"),
+                        keys,
+                    )?);
                 }
             }
             (None, None) => {}

@@ -82,7 +82,9 @@ impl RawDuration {
     pub(crate) fn to_duration(&self, max: Duration) -> Result<Duration, DurationError> {
         let (ns, unit, written) = match self {
             RawDuration::Seconds(s) if *s > 0 => (
-                u128::try_from(*s).unwrap_or(0).saturating_mul(1_000_000_000),
+                u128::try_from(*s)
+                    .unwrap_or(0)
+                    .saturating_mul(1_000_000_000),
                 ("s", 1_000_000_000),
                 format!("{s}s"),
             ),

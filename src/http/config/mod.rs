@@ -12,6 +12,10 @@ use crate::plan::Plan;
 
 mod parse;
 
+/// The file's serde type, for the test that holds `docs/config.md` to it.
+#[cfg(test)]
+pub(crate) use parse::RawFile;
+
 /// Where a client key comes from; several sources make a composite key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
