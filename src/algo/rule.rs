@@ -12,7 +12,7 @@ pub enum Algorithm {
     #[default]
     TokenBucket,
     /// The leaky bucket as a meter: the same automaton as [`Algorithm::TokenBucket`] (the water
-    /// level is the bucket's debt), kept as its own name because the seeds describe it so.
+    /// level is the bucket's debt), kept as its own name because it is usually described so.
     LeakyBucket,
     /// At most `limit` per window, windows aligned to Unix time; up to 2x across a boundary.
     FixedWindow,
@@ -23,7 +23,7 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// Every algorithm, in the order the seeds introduce them.
+    /// Every algorithm, in the order this crate's docs introduce them.
     pub const ALL: [Algorithm; 5] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindowLog,

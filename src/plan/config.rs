@@ -1,4 +1,4 @@
-//! Plans from a TOML file shaped like the seeds' free / pro / enterprise tiers.
+//! Plans from a TOML file: tiers such as free / pro / enterprise (every key: `docs/config.md`).
 //!
 //! ```toml
 //! [plans.free]
