@@ -19,6 +19,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+#[cfg(any(test, feature = "http"))]
 pub(crate) use super::duration::parse_duration;
 use super::duration::{DurationError, EXPECTED_DURATION, Int, RawDuration};
 use super::{MAX_PARTS, Plan, Strategy};

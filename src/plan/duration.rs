@@ -113,6 +113,7 @@ impl RawDuration {
 /// Parses `"500ms"`, `"10s"`, `"5m"`, `"1h"`, `"1d"`, `"250us"`, `"10ns"`, sums of them
 /// (`"1m30s"`, `"1h 30m"`) and fractions (`"1.5s"`, `"0.25h"`), in exact integer nanoseconds:
 /// `None` for anything else, a fraction of a nanosecond, or a sum past `u64::MAX` ns.
+#[cfg(any(test, feature = "http"))]
 pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
     let (ns, _) = parse_written(text)?;
     u64::try_from(ns).ok().map(Duration::from_nanos)
