@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 echo "== fmt";    cargo fmt --all --check
 echo "== clippy"; cargo clippy --all-targets --all-features -- -D warnings
+(cd benches && cargo fmt --check && cargo clippy --quiet --all-targets --all-features -- -D warnings)   # the benches' own package
 echo "== redis";  bash scripts/ensure-redis.sh   # the redis feature's tests start real servers
 echo "== features"; cargo clippy --quiet --lib -- -D warnings && cargo clippy --quiet --lib --features tokio -- -D warnings   # each alone builds clean
 echo "== tests";  cargo test --all-features
