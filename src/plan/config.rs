@@ -76,8 +76,9 @@ use crate::quota::{Algorithm, Quota};
 /// ```
 ///
 /// Plans keep the order the format gives them, and the first is the default plan (the one
-/// [`Limiter::check`](crate::Limiter::check) uses): a source that sorts its keys (figment) or
-/// does not keep their order makes the alphabetically first, or any, plan the default. Give
+/// [`Limiter::check`](crate::Limiter::check) uses): a source that sorts its keys (figment, a
+/// `serde_json::Value`) or does not keep their order makes the alphabetically first, or any,
+/// plan the default. Give
 /// the builder a [`quota`](crate::Builder::quota) of its own, or, in the HTTP layer's
 /// `HttpConfig`, set `http.default_plan`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -317,6 +318,95 @@ fn window_written(window: &RawDuration) -> String {
 impl<'de> Deserialize<'de> for PlanConfig {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         deserialize_via(d, PlanConfig::parse)
+    }
+}
+
+/// The file a `PlanConfig` was read from, as a table (`plans.NAME...`): `toml::to_string`
+/// writes a file that parses back to an equal config, and any serde format writes the same
+/// keys. Durations are written in the largest unit that divides them (`"1d"`, `"1500ms"`);
+/// defaults are left out.
+///
+/// ```
+/// use tollgate::PlanConfig;
+/// let config = PlanConfig::parse(
+///     "[plans.pro]\nstrategy = \"soft\"\nlimits = [ { limit = 10, window = \"1s\" }, { limit = 10000, window = 86400, burst = 100 } ]\n",
+/// )?;
+/// let text = toml::to_string(&config)?;
+/// assert_eq!(PlanConfig::parse(&text)?, config);
+/// assert!(text.contains("window = \"1d\""), "{text}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl serde::Serialize for PlanConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        struct Plans<'a>(&'a [(String, Plan)]);
+        impl serde::Serialize for Plans<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_map(self.0.iter().map(|(name, plan)| (name, PlanOut(plan))))
+            }
+        }
+        let mut top = s.serialize_map(Some(1))?;
+        top.serialize_entry("plans", &Plans(&self.plans))?;
+        top.end()
+    }
+}
+
+/// One plan as its table writes it: its own quota's keys, or `limits`.
+struct PlanOut<'a>(&'a Plan);
+
+impl serde::Serialize for PlanOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let plan = self.0;
+        let mut map = s.serialize_map(None)?;
+        match plan.strategy_kind() {
+            Strategy::Hard => {}
+            Strategy::Soft => map.serialize_entry("strategy", "soft")?,
+            Strategy::Queue { max_delay } => {
+                map.serialize_entry("strategy", "queue")?;
+                map.serialize_entry("max_delay", &super::duration::written(max_delay))?;
+            }
+        }
+        if plan.headroom_units() > 0 {
+            map.serialize_entry("headroom", &plan.headroom_units())?;
+        }
+        match plan.quotas() {
+            [one] => QuotaOut(one).entries(&mut map)?,
+            many => {
+                let limits: Vec<QuotaOut<'_>> = many.iter().map(QuotaOut).collect();
+                map.serialize_entry("limits", &limits)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// One quota's keys: `limit`, `window`, and `burst` and `algorithm` where not the default (a
+/// burst only for the buckets, the only algorithms that have one).
+struct QuotaOut<'a>(&'a Quota);
+
+impl QuotaOut<'_> {
+    fn entries<M: serde::ser::SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
+        let q = self.0;
+        map.serialize_entry("limit", &q.limit())?;
+        map.serialize_entry("window", &super::duration::written(q.period()))?;
+        let bucket = matches!(q.algo(), Algorithm::TokenBucket | Algorithm::LeakyBucket);
+        if let (Some(burst), true) = (q.burst_set(), bucket) {
+            map.serialize_entry("burst", &burst)?;
+        }
+        if q.algo() != Algorithm::TokenBucket {
+            map.serialize_entry("algorithm", q.algo().name())?;
+        }
+        Ok(())
+    }
+}
+
+impl serde::Serialize for QuotaOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        self.entries(&mut map)?;
+        map.end()
     }
 }
 

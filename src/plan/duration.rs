@@ -209,3 +209,15 @@ impl<'de> Deserialize<'de> for Int {
         d.deserialize_any(V)
     }
 }
+
+/// A duration as a config file writes it: a whole number of the largest unit that divides it
+/// (`"1d"`, `"90s"`, `"1500ms"`), which [`RawDuration::to_duration`] reads back exactly.
+pub(crate) fn written(d: Duration) -> String {
+    let ns = d.as_nanos();
+    let (name, unit) = UNITS
+        .iter()
+        .filter(|(name, _)| !matches!(*name, "min" | "µs"))
+        .find(|(_, unit)| ns % u128::from(*unit) == 0)
+        .expect("every duration is whole nanoseconds");
+    format!("{}{name}", ns / u128::from(*unit))
+}

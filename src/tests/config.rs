@@ -264,3 +264,57 @@ fn config_refuses_what_it_used_to_merge_or_alias() {
         assert_eq!(Algorithm::from_name(alg.name()), Some(alg));
     }
 }
+
+/// A config written out (`Serialize`) reads back equal, through TOML and through another format,
+/// for every kind of plan: one quota, compound, each algorithm, burst, strategies, headroom,
+/// durations of every unit.
+#[test]
+fn plan_config_written_out_reads_back_equal() {
+    let src = r#"
+[plans.free]
+limit = 100
+window = 86400
+burst = 10
+
+[plans.pro]
+strategy = "soft"
+limits = [ { limit = 10, window = "1s" }, { limit = 10000, window = "1d", burst = 100 } ]
+
+[plans.batch]
+limit = 10
+window = "1.5s"
+burst = 1
+strategy = "queue"
+max_delay = "2s"
+
+[plans.login]
+limit = 5
+window = "5m"
+algorithm = "fixed_window"
+
+[plans.windows]
+headroom = 3
+limits = [
+  { limit = 7, window = "250us", algorithm = "sliding_window_counter" },
+  { limit = 9, window = "1h 30m", algorithm = "sliding_window_log" },
+  { limit = 11, window = "100ns", algorithm = "leaky_bucket", burst = 5 },
+]
+"#;
+    let config = PlanConfig::parse(src).unwrap();
+    let text = toml::to_string(&config).unwrap();
+    let again = PlanConfig::parse(&text).unwrap();
+    assert_eq!(again, config, "{text}");
+    assert_eq!(again.names(), ["free", "pro", "batch", "login", "windows"]);
+    // The unit written is the largest that divides the duration; defaults are left out.
+    assert!(text.contains("window = \"1500ms\""), "{text}");
+    assert!(text.contains("window = \"90m\""), "{text}");
+    assert!(text.contains("window = \"1d\""), "{text}");
+    assert!(!text.contains("token_bucket"), "{text}");
+    let json = serde_json::to_value(&config).unwrap();
+    assert_eq!(json["plans"]["login"]["algorithm"], "fixed_window");
+    assert_eq!(json["plans"]["batch"]["max_delay"], "2s");
+    // Text keeps the plans' order (a `serde_json::Value` would sort them: see `PlanConfig`).
+    let from_json: PlanConfig =
+        serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
+    assert_eq!(from_json, config);
+}
