@@ -78,9 +78,8 @@ use crate::quota::{Algorithm, Quota};
 /// Plans keep the order the format gives them, and the first is the default plan (the one
 /// [`Limiter::check`](crate::Limiter::check) uses): a source that sorts its keys (figment, a
 /// `serde_json::Value`) or does not keep their order makes the alphabetically first, or any,
-/// plan the default. Give
-/// the builder a [`quota`](crate::Builder::quota) of its own, or, in the HTTP layer's
-/// `HttpConfig`, set `http.default_plan`.
+/// plan the default. Give the builder a [`quota`](crate::Builder::quota) of its own, or, in
+/// the HTTP layer's `HttpConfig`, set `http.default_plan`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanConfig {
     plans: Vec<(String, Plan)>,
@@ -154,7 +153,7 @@ impl Ctx<'_> {
     }
 
     /// A positive duration of at most `max`; one too long is named in the unit written.
-    pub(crate) fn duration(
+    fn duration(
         &self,
         v: &Spanned<RawDuration>,
         field: &str,
