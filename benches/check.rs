@@ -1,6 +1,6 @@
 //! Single-thread cost of one check, per algorithm, next to governor's keyed limiter in the same
 //! run; plus the clock read, a new-key insert and a sweep (per key), for every store. Run:
-//! `cargo bench --bench check`. The multi-threaded comparison is `benches/throughput.rs`.
+//! `cargo bench --bench check` in `benches/` (a package of its own). The multi-threaded comparison is `benches/throughput.rs`.
 //!
 //! Every case cycles over 1,000 existing u64 keys with the real monotonic clock. "allow" quotas
 //! admit nearly everything (10^9 per second); "deny" quotas are spent once and then deny.

@@ -4,7 +4,7 @@
 //! turn (each router once per round), and the difference printed next to the baseline. Both
 //! limit each of 1000 peers to 5000/s (burst 5000); every request is admitted.
 //!
-//! `cargo bench --features http --bench http` (about 30 s after the build). Loopback numbers,
+//! `cargo bench --features http --bench http` in `benches/` (about 30 s after the build). Loopback numbers,
 //! sockets included, come from `cargo test --release --features http --test http_load -- --nocapture`.
 
 use std::hint::black_box;

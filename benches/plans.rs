@@ -4,6 +4,7 @@
 //! 100k keys, 1 and 2 threads, runs interleaved, medians.
 //!
 //! ```text
+//! cd benches                                     # the benches' own package
 //! cargo bench --bench plans                      # about 1 minute on a 2-core machine
 //! TOLLGATE_BENCH=short cargo bench --bench plans # CI smoke run, a few seconds
 //! ```

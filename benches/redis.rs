@@ -3,7 +3,7 @@
 //! server in the same run, then synced-mode checks per second on 2 threads and its measured
 //! over-admission with three engines on one key.
 //!
-//! Run: `cargo bench --bench redis --features redis` (starts and stops its own redis-server on a
+//! Run in `benches/`: `cargo bench --bench redis --features redis` (starts and stops its own redis-server on a
 //! free loopback port; needs `redis-server` and `redis-benchmark` on PATH).
 
 #[path = "../tests/redis_support/mod.rs"]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `tollgate serve` watched with curl: the headers count down, the 429 arrives with Retry-After
-# and the seeds' JSON body, a forged X-Forwarded-For from an untrusted peer changes nothing, and
+# and the JSON body, a forged X-Forwarded-For from an untrusted peer changes nothing, and
 # /metrics counts it all. Builds the binary (debug) and starts/stops its own server on a free
 # loopback port. Installs curl with apt-get if it is missing. About 5 s after the build.
 set -euo pipefail

@@ -3,7 +3,7 @@
 # by callgrind (exact and repeatable where wall-clock figures on a shared VM move by 30%).
 # Usage: bash scripts/instructions.sh [case substring...]   (about 1 minute a case)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../benches"   # the benches' own package
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)"; exit 1; }
 cargo bench --bench plans --no-run --message-format=json 2>/dev/null >"${TMPDIR:-/tmp}/plans-build.json"
 bin=$(grep -o '"executable":"[^"]*plans-[^"]*"' "${TMPDIR:-/tmp}/plans-build.json" | cut -d'"' -f4)

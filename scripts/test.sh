@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 echo "== fmt";    cargo fmt --all --check
 echo "== clippy"; cargo clippy --all-targets --all-features -- -D warnings
+(cd benches && cargo fmt --check && cargo clippy --quiet --all-targets --all-features -- -D warnings)   # the benches' own package
 echo "== redis";  bash scripts/ensure-redis.sh   # the redis feature's tests start real servers
 echo "== features"; cargo clippy --quiet --lib -- -D warnings && cargo clippy --quiet --lib --features tokio -- -D warnings   # each alone builds clean
 echo "== tests";  cargo test --all-features
@@ -18,6 +19,7 @@ echo "== must-fail"; bash scripts/must-fail.sh
 echo "== fuzz";   bash scripts/fuzz.sh
 echo "== demo";   cargo run --release --features cli --quiet -- demo >/dev/null
 echo "== http";   bash scripts/http_curl.sh
-echo "== bench";  cargo bench --quiet --bench check -- --test   # every criterion bench once
-TOLLGATE_BENCH=short cargo bench --quiet --bench throughput    # the harness, short mode
+echo "== bench"   # the benches are a package of their own (benches/Cargo.toml)
+(cd benches && cargo bench --quiet --bench check -- --test)   # every criterion bench once
+(cd benches && TOLLGATE_BENCH=short cargo bench --quiet --bench throughput)   # the harness, short mode
 echo "all tests passed"

@@ -1,6 +1,6 @@
-//! Brute-force protection for logins, the seeds' example done right.
+//! Brute-force protection for logins, without the race of a check-then-increment counter.
 //!
-//! The seed checks `attempts >= 5` and later increments: two concurrent guesses both pass the
+//! The usual code checks `attempts >= 5` and later increments: two concurrent guesses both pass the
 //! check. Here an attempt is charged *before* the password is verified, in one all-or-nothing
 //! step against two limits: per (ip, username) and per ip. A success clears only that
 //! (ip, username) pair, so an attacker who owns one account cannot launder the failures it

@@ -93,6 +93,11 @@ impl Quota {
         self.algorithm
     }
 
+    /// The burst as set with [`burst`](Self::burst) (`None`: the limit), for writing a quota
+    /// back as it was configured.
+    pub(crate) fn burst_set(&self) -> Option<u64> {
+        self.burst
+    }
     /// The most units a key can hold: the burst for buckets, the limit for windows.
     pub(crate) fn capacity(&self) -> u64 {
         if self.algorithm.kind() == Kind::Gcra {

@@ -1,5 +1,5 @@
 //! Fixed window: at most `limit` units per window, windows aligned to Unix time
-//! (`floor(unix_t / period)`, the seed's `ratelimit:ip:28421876` key).
+//! (`floor(unix_t / period)`, as in the common Redis key `ratelimit:ip:28421876`).
 //!
 //! The 2x burst across a window boundary is real: `limit` at the end of one window and `limit`
 //! at the start of the next are both admitted.

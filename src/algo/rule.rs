@@ -12,7 +12,7 @@ pub enum Algorithm {
     #[default]
     TokenBucket,
     /// The leaky bucket as a meter: the same automaton as [`Algorithm::TokenBucket`] (the water
-    /// level is the bucket's debt), kept as its own name because the seeds describe it so.
+    /// level is the bucket's debt), kept as its own name because it is usually described so.
     LeakyBucket,
     /// At most `limit` per window, windows aligned to Unix time; up to 2x across a boundary.
     FixedWindow,
@@ -23,7 +23,7 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// Every algorithm, in the order the seeds introduce them.
+    /// Every algorithm, in the order this crate's docs introduce them.
     pub const ALL: [Algorithm; 5] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindowLog,
@@ -43,10 +43,17 @@ impl Algorithm {
         }
     }
 
-    /// Parses a configuration name (`gcra` is accepted for the token bucket).
+    /// Parses a configuration name, as [`name`](Self::name) writes it.
+    ///
+    /// ```
+    /// use tollgate::Algorithm;
+    /// assert_eq!(Algorithm::from_name("leaky_bucket"), Some(Algorithm::LeakyBucket));
+    /// // GCRA is the automaton of both buckets: the name does not say which one is meant.
+    /// assert_eq!(Algorithm::from_name("gcra"), None);
+    /// ```
     pub fn from_name(name: &str) -> Option<Algorithm> {
         Some(match name {
-            "token_bucket" | "gcra" => Algorithm::TokenBucket,
+            "token_bucket" => Algorithm::TokenBucket,
             "leaky_bucket" => Algorithm::LeakyBucket,
             "fixed_window" => Algorithm::FixedWindow,
             "sliding_window_counter" => Algorithm::SlidingWindowCounter,

@@ -1,10 +1,10 @@
-//! Sliding window counter: the seeds' estimate `prev * (1 - elapsed/period) + cur` over two
+//! Sliding window counter: the usual estimate `prev * (1 - elapsed/period) + cur` over two
 //! Unix-aligned windows ("counter pairs"), in exact integer arithmetic.
 //!
 //! A cost-`n` request is admitted iff the estimate after charging stays within the limit:
 //! `prev * (period - elapsed) + (cur + n) * period <= limit * period`, which in whole units is
 //! `ceil(prev * (period - elapsed) / period) + cur + n <= limit` (see [`used`]: one 128-by-64
-//! division). This is stricter than the seed's `total < limit` test by less than one unit.
+//! division). This is stricter than the common `total < limit` test by less than one unit.
 //!
 //! | bits   | field  | meaning |
 //! |--------|--------|---------|

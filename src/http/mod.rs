@@ -28,6 +28,8 @@
 //! ```
 
 mod config;
+#[cfg(test)]
+pub(crate) use config::RawFile;
 mod format;
 mod grpc;
 mod headers;

@@ -1,4 +1,4 @@
-//! Plans from a TOML file shaped like the seeds' free / pro / enterprise tiers.
+//! Plans from a TOML file: tiers such as free / pro / enterprise (every key: `docs/config.md`).
 //!
 //! ```toml
 //! [plans.free]
@@ -8,7 +8,7 @@
 //! algorithm = "token_bucket"   # leaky_bucket, fixed_window, sliding_window_counter, sliding_window_log
 //!
 //! [plans.pro]              # a compound plan: every limit must pass
-//! strategy = "soft"        # hard (default), soft, queue (with max_delay), priority via headroom
+//! strategy = "soft"        # hard (default), soft, shadow, queue (with max_delay); priority via headroom
 //! limits = [ { limit = 10, window = "1s" }, { limit = 10000, window = "1d", burst = 100 } ]
 //! ```
 //!
@@ -19,6 +19,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+#[cfg(any(test, feature = "http"))]
+pub(crate) use super::duration::parse_duration;
+use super::duration::{DurationError, EXPECTED_DURATION, Int, RawDuration};
 use super::{MAX_PARTS, Plan, Strategy};
 use crate::error::Error;
 use crate::quota::{Algorithm, Quota};
@@ -32,6 +35,51 @@ use crate::quota::{Algorithm, Quota};
 /// let err = PlanConfig::parse("[plans.free]\nlimit = 0\nwindow = 60\n").unwrap_err();
 /// assert_eq!(err.to_string(), "line 2: plans.free.limit: must be at least 1, got 0");
 /// ```
+///
+/// In an app's own config (figment, config-rs, serde_json, toml...), it is a field like any
+/// other (`Deserialize`), with the same tables, checks and messages as the file; every key is
+/// in `docs/config.md`.
+///
+/// ```
+/// use serde::Deserialize;
+/// use tollgate::{Limiter, PlanConfig};
+///
+/// #[derive(Deserialize)]
+/// struct AppConfig {
+///     listen: String,
+///     rate_limits: PlanConfig,
+/// }
+///
+/// let app: AppConfig = toml::from_str(r#"
+/// listen = "0.0.0.0:8080"
+///
+/// [rate_limits.plans.free]
+/// limit = 100
+/// window = "1m"
+///
+/// [rate_limits.plans.pro]
+/// limits = [ { limit = 10, window = "1s" }, { limit = 10000, window = "1d" } ]
+/// "#)?;
+/// assert_eq!(app.listen, "0.0.0.0:8080");
+/// assert_eq!(app.rate_limits.names(), ["free", "pro"]);
+/// let limiter = Limiter::<u64>::builder().plans(app.rate_limits).build()?;
+/// assert_eq!(limiter.check(&1).limit(), 100); // the first plan is the default one
+///
+/// // The same checks as the file, naming the field (the app's parser adds where it is).
+/// let err = toml::from_str::<AppConfig>(
+///     "listen = \"x\"\n[rate_limits.plans.free]\nlimit = 0\nwindow = 60\n",
+/// )
+/// .err()
+/// .unwrap();
+/// assert!(err.to_string().contains("plans.free.limit: must be at least 1, got 0"), "{err}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Plans keep the order the format gives them, and the first is the default plan (the one
+/// [`Limiter::check`](crate::Limiter::check) uses): a source that sorts its keys (figment, a
+/// `serde_json::Value`) or does not keep their order makes the alphabetically first, or any,
+/// plan the default. Give the builder a [`quota`](crate::Builder::quota) of its own, or, in
+/// the HTTP layer's `HttpConfig`, set `http.default_plan`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanConfig {
     plans: Vec<(String, Plan)>,
@@ -39,37 +87,30 @@ pub struct PlanConfig {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct File {
+pub(crate) struct File {
     plans: std::collections::BTreeMap<String, Spanned<RawPlan>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPlan {
-    limit: Option<Spanned<i64>>,
+    limit: Option<Spanned<Int>>,
     window: Option<Spanned<RawDuration>>,
-    burst: Option<Spanned<i64>>,
+    burst: Option<Spanned<Int>>,
     algorithm: Option<Spanned<String>>,
     strategy: Option<Spanned<String>>,
     max_delay: Option<Spanned<RawDuration>>,
-    headroom: Option<Spanned<i64>>,
+    headroom: Option<Spanned<Int>>,
     limits: Option<Spanned<Vec<Spanned<RawLimit>>>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawLimit {
-    limit: Option<Spanned<i64>>,
+    limit: Option<Spanned<Int>>,
     window: Option<Spanned<RawDuration>>,
-    burst: Option<Spanned<i64>>,
+    burst: Option<Spanned<Int>>,
     algorithm: Option<Spanned<String>>,
-}
-
-#[derive(Deserialize, Clone)]
-#[serde(untagged)]
-enum RawDuration {
-    Seconds(i64),
-    Text(String),
 }
 
 /// Line (1-based) of byte offset `at` in `src`.
@@ -100,25 +141,33 @@ impl Ctx<'_> {
         })
     }
 
-    fn positive(&self, v: &Spanned<i64>, field: &str) -> Result<u64, Error> {
-        match u64::try_from(*v.get_ref()) {
-            Ok(n) if n >= 1 => Ok(n),
-            _ => self.err(
+    fn positive(&self, v: &Spanned<Int>, field: &str) -> Result<u64, Error> {
+        if v.get_ref().0 < 1 {
+            return self.err(
                 v.span().start,
                 field,
                 format!("must be at least 1, got {}", v.get_ref()),
-            ),
+            );
         }
+        Ok(v.get_ref().saturated())
     }
 
-    fn duration(&self, v: &Spanned<RawDuration>, field: &str) -> Result<Duration, Error> {
-        let d = match v.get_ref() {
-            RawDuration::Seconds(s) => u64::try_from(*s).ok().map(Duration::from_secs),
-            RawDuration::Text(t) => parse_duration(t),
-        };
-        match d {
-            Some(d) if !d.is_zero() => Ok(d),
-            _ => self.err(
+    /// A positive duration of at most `max`; one too long is named in the unit written.
+    fn duration(
+        &self,
+        v: &Spanned<RawDuration>,
+        field: &str,
+        max: Duration,
+    ) -> Result<Duration, Error> {
+        let what = field.rsplit('.').next().unwrap_or(field);
+        match v.get_ref().to_duration(max) {
+            Ok(d) => Ok(d),
+            Err(DurationError::TooLong { written, max }) => self.err(
+                v.span().start,
+                field,
+                format!("{written} is longer than the longest {what}, {max}"),
+            ),
+            Err(DurationError::NotPositive) => self.err(
                 v.span().start,
                 field,
                 "must be a positive duration: whole seconds, or a string like \"500ms\", \"10s\", \"5m\", \"1h\", \"1d\", \"1m30s\", \"1.5s\"",
@@ -126,47 +175,26 @@ impl Ctx<'_> {
         }
     }
 
-    fn quota(
-        &self,
-        at: usize,
-        path: &str,
-        limit: Option<&Spanned<i64>>,
-        window: Option<&Spanned<RawDuration>>,
-        burst: Option<&Spanned<i64>>,
-        algorithm: Option<&Spanned<String>>,
-    ) -> Result<Quota, Error> {
-        let Some(limit) = limit else {
+    fn quota(&self, at: usize, path: &str, keys: QuotaKeys<'_>) -> Result<Quota, Error> {
+        let Some(limit) = keys.limit else {
             return self.err(at, path, "missing field `limit`");
         };
-        let Some(window) = window else {
+        let Some(window) = keys.window else {
             return self.err(at, path, "missing field `window`");
         };
         let mut q = Quota::new(
             self.positive(limit, &format!("{path}.limit"))?,
-            self.duration(window, &format!("{path}.window"))?,
+            self.duration(window, &format!("{path}.window"), Quota::MAX_PERIOD)?,
         );
-        if let Some(b) = burst {
+        if let Some(b) = keys.burst {
             q = q.burst(self.positive(b, &format!("{path}.burst"))?);
         }
-        if let Some(a) = algorithm {
-            match Algorithm::from_name(a.get_ref()) {
-                Some(alg) => q = q.algorithm(alg),
-                None => {
-                    return self.err(
-                        a.span().start,
-                        &format!("{path}.algorithm"),
-                        format!(
-                            "unknown algorithm '{}' (expected one of token_bucket, leaky_bucket, fixed_window, sliding_window_counter, sliding_window_log)",
-                            a.get_ref()
-                        ),
-                    );
-                }
-            }
+        if let Some(a) = keys.algorithm {
+            q = q.algorithm(self.algorithm(a, &format!("{path}.algorithm"))?);
         }
-        // The remaining checks (rate too high, burst too large, limit too large for the cell).
         // A burst does nothing for a window algorithm (it admits `limit` a window): a key that
         // would be silently ignored is an error.
-        if let Some(b) = burst {
+        if let Some(b) = keys.burst {
             if !matches!(q.algo(), Algorithm::TokenBucket | Algorithm::LeakyBucket) {
                 return self.err(
                     b.span().start,
@@ -178,73 +206,228 @@ impl Ctx<'_> {
                 );
             }
         }
-        // Each named at the field it is about: the burst's, the window's, or the limit's line.
+        // The remaining checks (rate too high, burst too large, limit too large for the cell),
+        // each named at the field it is about with the value as written and the largest accepted.
         if let Err(e) = q.compile(0) {
-            let (at, field) = match &e {
-                Error::BurstTooLarge { .. } => {
-                    burst.map_or((limit.span().start, "limit"), |b| (b.span().start, "burst"))
+            let per = window_written(window.get_ref());
+            let (at, field, message) = match e {
+                Error::BurstTooLarge { max, .. } => {
+                    let (at, field, value) = keys
+                        .burst
+                        .map_or((limit.span().start, "limit", limit.get_ref()), |b| {
+                            (b.span().start, "burst", b.get_ref())
+                        });
+                    let message = format!("{value} is too large for this rate (at most {max})");
+                    (at, field, message)
                 }
-                Error::PeriodTooLong { .. } => (window.span().start, "window"),
-                Error::RateTooHigh { .. } => (window.span().start, "window"),
-                _ => (limit.span().start, "limit"),
+                Error::RateTooHigh { period_ns, .. } => (
+                    limit.span().start,
+                    "limit",
+                    format!(
+                        "{} per {per} is more than one per nanosecond (at most {period_ns} per {per})",
+                        limit.get_ref()
+                    ),
+                ),
+                Error::LimitTooLarge { algorithm, max, .. } => (
+                    limit.span().start,
+                    "limit",
+                    format!(
+                        "{} is too large for {algorithm} (at most {max})",
+                        limit.get_ref()
+                    ),
+                ),
+                e => (limit.span().start, "limit", e.to_string()),
             };
-            return self.err(at, &format!("{path}.{field}"), e);
+            return self.err(at, &format!("{path}.{field}"), message);
         }
         Ok(q)
     }
+
+    /// An algorithm by its name. `gcra` is refused with a hint: here GCRA is the automaton of
+    /// both `token_bucket` and `leaky_bucket`, so the name would not say which one is meant.
+    fn algorithm(&self, a: &Spanned<String>, field: &str) -> Result<Algorithm, Error> {
+        if let Some(alg) = Algorithm::from_name(a.get_ref()) {
+            return Ok(alg);
+        }
+        let message = if a.get_ref().eq_ignore_ascii_case("gcra") {
+            format!(
+                "unknown algorithm '{}': GCRA runs both token_bucket and leaky_bucket here, so write the one you mean",
+                a.get_ref()
+            )
+        } else {
+            format!(
+                "unknown algorithm '{}' (expected one of token_bucket, leaky_bucket, fixed_window, sliding_window_counter, sliding_window_log)",
+                a.get_ref()
+            )
+        };
+        self.err(a.span().start, field, message)
+    }
 }
 
-/// Parses `"500ms"`, `"10s"`, `"5m"`, `"1h"`, `"1d"`, `"250us"`, `"10ns"`, sums of them
-/// (`"1m30s"`, `"1h 30m"`) and fractions (`"1.5s"`, `"0.25h"`), in exact integer nanoseconds:
-/// `None` for anything else, a fraction of a nanosecond, or a sum past `u64::MAX` ns.
-pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    let mut total: u64 = 0;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(rest.len());
-        let (number, tail) = rest.split_at(digits);
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == ' ')
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_len);
-        let ns_per: u64 = match unit {
-            "ns" => 1,
-            "us" | "µs" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" | "min" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            "d" => 86_400_000_000_000,
-            _ => return None,
-        };
-        let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
-        if whole.is_empty() && frac.is_empty() || frac.contains('.') {
-            return None;
+/// The keys of one quota: a plan's own `limit`, `window`, `burst`, `algorithm`, or one item of
+/// its `limits`.
+struct QuotaKeys<'a> {
+    limit: Option<&'a Spanned<Int>>,
+    window: Option<&'a Spanned<RawDuration>>,
+    burst: Option<&'a Spanned<Int>>,
+    algorithm: Option<&'a Spanned<String>>,
+}
+
+impl<'a> QuotaKeys<'a> {
+    fn of_plan(raw: &'a RawPlan) -> Self {
+        QuotaKeys {
+            limit: raw.limit.as_ref(),
+            window: raw.window.as_ref(),
+            burst: raw.burst.as_ref(),
+            algorithm: raw.algorithm.as_ref(),
         }
-        let whole: u64 = if whole.is_empty() {
-            0
-        } else {
-            whole.parse().ok()?
-        };
-        let mut ns = whole.checked_mul(ns_per)?;
-        if !frac.is_empty() {
-            // The fraction's digits over 10^len, times the unit: whole nanoseconds only.
-            let scale = 10u128.checked_pow(u32::try_from(frac.len()).ok()?)?;
-            let num = frac.parse::<u128>().ok()? * u128::from(ns_per);
-            if num % scale != 0 {
-                return None;
+    }
+    fn of_limit(raw: &'a RawLimit) -> Self {
+        QuotaKeys {
+            limit: raw.limit.as_ref(),
+            window: raw.window.as_ref(),
+            burst: raw.burst.as_ref(),
+            algorithm: raw.algorithm.as_ref(),
+        }
+    }
+    /// The first key set, in the order a reader looks for them.
+    fn first_set(&self) -> Option<(&'static str, usize)> {
+        [
+            ("limit", self.limit.map(|v| v.span().start)),
+            ("window", self.window.map(|v| v.span().start)),
+            ("burst", self.burst.map(|v| v.span().start)),
+            ("algorithm", self.algorithm.map(|v| v.span().start)),
+        ]
+        .into_iter()
+        .find_map(|(name, at)| Some((name, at?)))
+    }
+}
+
+/// A window as the user wrote it: `"1m30s"`, or whole seconds as `"60s"`.
+fn window_written(window: &RawDuration) -> String {
+    match window {
+        RawDuration::Seconds(s) => format!("{s}s"),
+        RawDuration::Text(t) => t.trim().to_string(),
+    }
+}
+
+/// A `PlanConfig` inside an app's own config, from any serde format: the same table as the
+/// file (`plans.NAME...`), the same checks and messages (each naming the dotted field, with no
+/// line: the line belongs to the app's parser).
+impl<'de> Deserialize<'de> for PlanConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        deserialize_via(d, PlanConfig::parse)
+    }
+}
+
+/// The file a `PlanConfig` was read from, as a table (`plans.NAME...`): `toml::to_string`
+/// writes a file that parses back to an equal config, and any serde format writes the same
+/// keys. Durations are written in the largest unit that divides them (`"1d"`, `"1500ms"`);
+/// defaults are left out.
+///
+/// ```
+/// use tollgate::PlanConfig;
+/// let config = PlanConfig::parse(
+///     "[plans.pro]\nstrategy = \"soft\"\nlimits = [ { limit = 10, window = \"1s\" }, { limit = 10000, window = 86400, burst = 100 } ]\n",
+/// )?;
+/// let text = toml::to_string(&config)?;
+/// assert_eq!(PlanConfig::parse(&text)?, config);
+/// assert!(text.contains("window = \"1d\""), "{text}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl serde::Serialize for PlanConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        struct Plans<'a>(&'a [(String, Plan)]);
+        impl serde::Serialize for Plans<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_map(self.0.iter().map(|(name, plan)| (name, PlanOut(plan))))
             }
-            ns = ns.checked_add(u64::try_from(num / scale).ok()?)?;
         }
-        total = total.checked_add(ns)?;
-        rest = tail.trim_start();
+        let mut top = s.serialize_map(Some(1))?;
+        top.serialize_entry("plans", &Plans(&self.plans))?;
+        top.end()
     }
-    Some(Duration::from_nanos(total))
+}
+
+/// One plan as its table writes it: its own quota's keys, or `limits`.
+struct PlanOut<'a>(&'a Plan);
+
+impl serde::Serialize for PlanOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let plan = self.0;
+        let mut map = s.serialize_map(None)?;
+        match plan.strategy_kind() {
+            Strategy::Hard => {}
+            Strategy::Soft => map.serialize_entry("strategy", "soft")?,
+            Strategy::Shadow => map.serialize_entry("strategy", "shadow")?,
+            Strategy::Queue { max_delay } => {
+                map.serialize_entry("strategy", "queue")?;
+                map.serialize_entry("max_delay", &super::duration::written(max_delay))?;
+            }
+        }
+        if plan.headroom_units() > 0 {
+            map.serialize_entry("headroom", &plan.headroom_units())?;
+        }
+        match plan.quotas() {
+            [one] => QuotaOut(one).entries(&mut map)?,
+            many => {
+                let limits: Vec<QuotaOut<'_>> = many.iter().map(QuotaOut).collect();
+                map.serialize_entry("limits", &limits)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// One quota's keys: `limit`, `window`, and `burst` and `algorithm` where not the default (a
+/// burst only for the buckets, the only algorithms that have one).
+struct QuotaOut<'a>(&'a Quota);
+
+impl QuotaOut<'_> {
+    fn entries<M: serde::ser::SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
+        let q = self.0;
+        map.serialize_entry("limit", &q.limit())?;
+        map.serialize_entry("window", &super::duration::written(q.period()))?;
+        let bucket = matches!(q.algo(), Algorithm::TokenBucket | Algorithm::LeakyBucket);
+        if let (Some(burst), true) = (q.burst_set(), bucket) {
+            map.serialize_entry("burst", &burst)?;
+        }
+        if q.algo() != Algorithm::TokenBucket {
+            map.serialize_entry("algorithm", q.algo().name())?;
+        }
+        Ok(())
+    }
+}
+
+impl serde::Serialize for QuotaOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        self.entries(&mut map)?;
+        map.end()
+    }
+}
+
+/// Deserializes a config the way its file parser reads it, from any self-describing format: the
+/// value is taken as a TOML table (in the order the format gives its keys), written out as TOML
+/// and read by `parse`, so an embedded config gets exactly the checks of a file. An error keeps
+/// its message (the dotted field) and drops its line, which would count lines of that text.
+pub(crate) fn deserialize_via<'de, D, T>(
+    d: D,
+    parse: fn(&str) -> Result<T, Error>,
+) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::de::Error as _;
+    let table = toml::Table::deserialize(d)?;
+    let text = toml::to_string(&table).map_err(D::Error::custom)?;
+    parse(&text).map_err(|e| match e {
+        Error::Config { message, .. } => D::Error::custom(message),
+        e => D::Error::custom(e),
+    })
 }
 
 impl PlanConfig {
@@ -311,34 +494,29 @@ impl PlanConfig {
 impl Ctx<'_> {
     fn plan(&self, name: &str, at: usize, raw: RawPlan) -> Result<Plan, Error> {
         let path = format!("plans.{name}");
+        let own = QuotaKeys::of_plan(&raw);
         let mut quotas = Vec::new();
-        if raw.limit.is_some()
-            || raw.window.is_some()
-            || raw.burst.is_some()
-            || raw.algorithm.is_some()
-        {
-            quotas.push(self.quota(
-                at,
-                &path,
-                raw.limit.as_ref(),
-                raw.window.as_ref(),
-                raw.burst.as_ref(),
-                raw.algorithm.as_ref(),
-            )?);
-        }
-        if let Some(limits) = &raw.limits {
-            for (i, l) in limits.get_ref().iter().enumerate() {
-                let l_at = l.span().start;
-                let l = l.get_ref();
-                quotas.push(self.quota(
-                    l_at,
-                    &format!("{path}.limits[{i}]"),
-                    l.limit.as_ref(),
-                    l.window.as_ref(),
-                    l.burst.as_ref(),
-                    l.algorithm.as_ref(),
-                )?);
+        match (own.first_set(), &raw.limits) {
+            // Both would be parts of one compound plan: a reader of either would miss the other.
+            (Some((key, key_at)), Some(_)) => {
+                return self.err(
+                    key_at,
+                    &path,
+                    format!("`{key}` beside `limits`: a plan has either its own `limit` and `window`, or a list of `limits`; write every limit in `limits`"),
+                );
             }
+            (Some(_), None) => quotas.push(self.quota(at, &path, own)?),
+            (None, Some(limits)) => {
+                for (i, l) in limits.get_ref().iter().enumerate() {
+                    let keys = QuotaKeys::of_limit(l.get_ref());
+                    quotas.push(self.quota(
+                        l.span().start,
+                        &format!("{path}.limits[{i}]"),
+                        keys,
+                    )?);
+                }
+            }
+            (None, None) => {}
         }
         if quotas.is_empty() {
             return self.err(at, &path, "no limit: set `limit` and `window`, or `limits`");
@@ -388,7 +566,11 @@ impl Ctx<'_> {
                         );
                     };
                     Strategy::Queue {
-                        max_delay: self.duration(d, &format!("{path}.max_delay"))?,
+                        max_delay: self.duration(
+                            d,
+                            &format!("{path}.max_delay"),
+                            Duration::from_nanos(u64::MAX),
+                        )?,
                     }
                 }
                 other => {
@@ -405,23 +587,27 @@ impl Ctx<'_> {
     }
 
     /// A plan's `headroom`: units below the smallest capacity of its quotas.
-    fn headroom(&self, path: &str, h: &Spanned<i64>, plan: &Plan) -> Result<u64, Error> {
-        let Ok(units) = u64::try_from(*h.get_ref()) else {
+    fn headroom(&self, path: &str, h: &Spanned<Int>, plan: &Plan) -> Result<u64, Error> {
+        let written = h.get_ref().0;
+        if written < 0 {
             return self.err(
                 h.span().start,
                 &format!("{path}.headroom"),
-                "must not be negative",
-            );
-        };
-        let capacity = plan.quotas().iter().map(Quota::capacity).min().unwrap_or(0);
-        if units >= capacity {
-            return self.err(
-                h.span().start,
-                &format!("{path}.headroom"),
-                format!("{units} leaves nothing of capacity {capacity}"),
+                format!("must not be negative, got {written}"),
             );
         }
-        Ok(units)
+        let capacity = plan.quotas().iter().map(Quota::capacity).min().unwrap_or(0);
+        if written >= i128::from(capacity) {
+            return self.err(
+                h.span().start,
+                &format!("{path}.headroom"),
+                format!(
+                    "{written} leaves nothing of capacity {capacity} (at most {})",
+                    capacity.saturating_sub(1)
+                ),
+            );
+        }
+        Ok(h.get_ref().saturated())
     }
 }
 
@@ -469,9 +655,8 @@ fn field_path(path: &serde_path_to_error::Path) -> String {
 
 fn toml_error(src: &str, e: &toml::de::Error, field: Option<String>) -> Error {
     let message = e.message().trim();
-    let message = if message.contains("untagged enum RawDuration") {
-        "expected a duration: whole seconds (60) or text (\"1m30s\", \"1.5s\", \"1h 30m\")"
-            .to_string()
+    let message = if message.contains(EXPECTED_DURATION) {
+        format!("expected {EXPECTED_DURATION}")
     } else {
         message
             .replace("expected i64", "expected an integer")

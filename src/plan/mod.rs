@@ -3,6 +3,7 @@
 //! charge engine needs (`limiter::book`); nothing here imports the limiter.
 
 pub(crate) mod config;
+mod duration;
 
 use std::time::Duration;
 

@@ -155,3 +155,166 @@ fn config_durations_compound_and_fractional() {
         "{err}"
     );
 }
+
+/// A value too large for what it configures names the largest accepted, in the unit the user
+/// wrote (never in nanoseconds, never as a type mistake), at the field it is about.
+#[test]
+fn config_too_large_values_name_the_maximum_as_written() {
+    let cases = [
+        (
+            "[plans.a]\nlimit = 10\nwindow = \"5000000d\"\n",
+            "line 3: plans.a.window: 5000000d is longer than the longest window, 53375d",
+        ),
+        (
+            "[plans.a]\nlimit = 10\nwindow = \"1d 5000000h\"\n",
+            "line 3: plans.a.window: 1d 5000000h is longer than the longest window, 1281023h",
+        ),
+        (
+            "[plans.a]\nlimit = 10\nwindow = 99999999999999999999\n",
+            "line 3: plans.a.window: 99999999999999999999s is longer than the longest window, 4611686018s",
+        ),
+        (
+            "[plans.a]\nlimit = 1\nwindow = \"1s\"\nstrategy = \"queue\"\nmax_delay = \"5000000d\"\n",
+            "line 5: plans.a.max_delay: 5000000d is longer than the longest max_delay, 213503d",
+        ),
+        (
+            "[plans.a]\nlimit = 99999999999999999999\nwindow = 60\n",
+            "line 2: plans.a.limit: 99999999999999999999 per 60s is more than one per nanosecond (at most 60000000000 per 60s)",
+        ),
+        (
+            "[plans.a]\nlimits = [{ limit = 2000, window = \"1us\" }]\n",
+            "line 2: plans.a.limits[0].limit: 2000 per 1us is more than one per nanosecond (at most 1000 per 1us)",
+        ),
+        (
+            "[plans.a]\nlimit = 99999999999999999999\nwindow = 60\nalgorithm = \"fixed_window\"\n",
+            "line 2: plans.a.limit: 99999999999999999999 is too large for fixed_window (at most 4294967295)",
+        ),
+        (
+            "[plans.a]\nlimit = 5000000\nwindow = 60\nalgorithm = \"sliding_window_counter\"\n",
+            "line 2: plans.a.limit: 5000000 is too large for sliding_window_counter (at most 4194303)",
+        ),
+        (
+            "[plans.a]\nlimit = 10\nwindow = 60\nburst = 99999999999999999999\n",
+            "line 4: plans.a.burst: 99999999999999999999 is too large for this rate (at most 768614336)",
+        ),
+        (
+            "[plans.a]\nlimit = 10\nwindow = 60\nheadroom = 99999999999999999999\n",
+            "line 4: plans.a.headroom: 99999999999999999999 leaves nothing of capacity 10 (at most 9)",
+        ),
+        (
+            "[plans.a]\nlimit = 10\nwindow = 60\nheadroom = -1\n",
+            "line 4: plans.a.headroom: must not be negative, got -1",
+        ),
+    ];
+    for (src, message) in cases {
+        assert_eq!(
+            PlanConfig::parse(src).unwrap_err().to_string(),
+            message,
+            "{src}"
+        );
+    }
+    // The largest accepted values are accepted.
+    let edge = PlanConfig::parse(
+        "[plans.a]\nlimit = 1000\nwindow = \"1us\"\n[plans.b]\nlimit = 1\nwindow = \"53375d\"\n[plans.c]\nlimit = 10\nwindow = 60\nheadroom = 9\n",
+    )
+    .unwrap();
+    assert_eq!(edge.get("a").unwrap().quotas()[0].limit(), 1000);
+    assert_eq!(
+        edge.get("b").unwrap().quotas()[0].period(),
+        Duration::from_secs(53_375 * 86_400)
+    );
+    assert_eq!(edge.get("c").unwrap().headroom_units(), 9);
+}
+
+/// What used to be accepted silently is refused: a plan's own `limit` beside `limits` (they
+/// were merged into one compound plan), and `gcra` (the automaton of both buckets).
+#[test]
+fn config_refuses_what_it_used_to_merge_or_alias() {
+    let cases = [
+        (
+            "[plans.pro]\nlimit = 10\nwindow = \"1s\"\nlimits = [{ limit = 1000, window = \"1d\" }]\n",
+            "line 2: plans.pro: `limit` beside `limits`: a plan has either its own `limit` and `window`, or a list of `limits`; write every limit in `limits`",
+        ),
+        (
+            "[plans.pro]\nlimits = [{ limit = 1000, window = \"1d\" }]\nburst = 5\n",
+            "line 3: plans.pro: `burst` beside `limits`: a plan has either its own `limit` and `window`, or a list of `limits`; write every limit in `limits`",
+        ),
+        (
+            "[plans.free]\nlimit = 10\nwindow = 60\nalgorithm = \"gcra\"\n",
+            "line 4: plans.free.algorithm: unknown algorithm 'gcra': GCRA runs both token_bucket and leaky_bucket here, so write the one you mean",
+        ),
+        (
+            "[plans.free]\nlimits = [{ limit = 10, window = 60, algorithm = \"GCRA\" }]\n",
+            "line 2: plans.free.limits[0].algorithm: unknown algorithm 'GCRA': GCRA runs both token_bucket and leaky_bucket here, so write the one you mean",
+        ),
+        (
+            "[plans.free]\nlimit = 10\nwindow = 60\nalgorithm = \"magic\"\n",
+            "line 4: plans.free.algorithm: unknown algorithm 'magic' (expected one of token_bucket, leaky_bucket, fixed_window, sliding_window_counter, sliding_window_log)",
+        ),
+    ];
+    for (src, message) in cases {
+        assert_eq!(
+            PlanConfig::parse(src).unwrap_err().to_string(),
+            message,
+            "{src}"
+        );
+    }
+    assert_eq!(Algorithm::from_name("gcra"), None);
+    for alg in Algorithm::ALL {
+        assert_eq!(Algorithm::from_name(alg.name()), Some(alg));
+    }
+}
+
+/// A config written out (`Serialize`) reads back equal, through TOML and through another format,
+/// for every kind of plan: one quota, compound, each algorithm, burst, strategies, headroom,
+/// durations of every unit.
+#[test]
+fn plan_config_written_out_reads_back_equal() {
+    let src = r#"
+[plans.free]
+limit = 100
+window = 86400
+burst = 10
+
+[plans.pro]
+strategy = "soft"
+limits = [ { limit = 10, window = "1s" }, { limit = 10000, window = "1d", burst = 100 } ]
+
+[plans.batch]
+limit = 10
+window = "1.5s"
+burst = 1
+strategy = "queue"
+max_delay = "2s"
+
+[plans.login]
+limit = 5
+window = "5m"
+algorithm = "fixed_window"
+
+[plans.windows]
+headroom = 3
+limits = [
+  { limit = 7, window = "250us", algorithm = "sliding_window_counter" },
+  { limit = 9, window = "1h 30m", algorithm = "sliding_window_log" },
+  { limit = 11, window = "100ns", algorithm = "leaky_bucket", burst = 5 },
+]
+"#;
+    let config = PlanConfig::parse(src).unwrap();
+    let text = toml::to_string(&config).unwrap();
+    let again = PlanConfig::parse(&text).unwrap();
+    assert_eq!(again, config, "{text}");
+    assert_eq!(again.names(), ["free", "pro", "batch", "login", "windows"]);
+    // The unit written is the largest that divides the duration; defaults are left out.
+    assert!(text.contains("window = \"1500ms\""), "{text}");
+    assert!(text.contains("window = \"90m\""), "{text}");
+    assert!(text.contains("window = \"1d\""), "{text}");
+    assert!(!text.contains("token_bucket"), "{text}");
+    let json = serde_json::to_value(&config).unwrap();
+    assert_eq!(json["plans"]["login"]["algorithm"], "fixed_window");
+    assert_eq!(json["plans"]["batch"]["max_delay"], "2s");
+    // Text keeps the plans' order (a `serde_json::Value` would sort them: see `PlanConfig`).
+    let from_json: PlanConfig =
+        serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
+    assert_eq!(from_json, config);
+}

@@ -1,4 +1,4 @@
-//! `tollgate`: a demo of the seeds' story (a bot at 10,000 req/s among honest users) on a virtual
+//! `tollgate`: a demo of a bot at 10,000 req/s among honest users on a virtual
 //! clock through every algorithm, and a quick single-thread benchmark.
 //!
 //! Built with `cargo run --release --features cli -- <command>`; `tollgate --help` lists the
@@ -43,7 +43,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Replays the seeds' story on a virtual clock, through every algorithm.
+    /// Replays a bot among honest users on a virtual clock, through every algorithm.
     ///
     /// One bot client sends 10,000 req/s (starting at t = 59 s, the last second of the first
     /// minute window) while 50 honest users send about 1 req/s each; every client is limited

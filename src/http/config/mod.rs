@@ -15,6 +15,10 @@ mod path;
 
 pub(crate) use path::PathPattern;
 
+/// The file's serde type, for the test that holds `docs/config.md` to it.
+#[cfg(test)]
+pub(crate) use parse::RawFile;
+
 /// Where a client key comes from; several sources make a composite key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -210,6 +214,44 @@ impl Rule {
 /// assert_eq!(config.header_style(), HeaderStyle::Github);
 /// let err = HttpConfig::parse("[plans.free]\nlimit = 1\nwindow = 1\n[http]\nheaders = \"fancy\"\n").unwrap_err();
 /// assert_eq!(err.to_string(), "line 5: http.headers: unknown style 'fancy' (expected github, ietf, both or none)");
+/// ```
+///
+/// In an app's own config it is a field like any other (`Deserialize`, from any serde format:
+/// figment, config-rs, JSON), with the same tables, checks and messages as the file; every key
+/// is in `docs/config.md`. Name the default plan with `http.default_plan` when the format may
+/// reorder keys (see [`PlanConfig`](crate::PlanConfig)).
+///
+/// ```
+/// use serde::Deserialize;
+/// use tollgate::http::{HttpConfig, RateLimitLayer};
+///
+/// #[derive(Deserialize)]
+/// struct AppConfig {
+///     listen: String,
+///     rate_limits: HttpConfig,
+/// }
+///
+/// let app: AppConfig = serde_json::from_value(serde_json::json!({
+///     "listen": "0.0.0.0:8080",
+///     "rate_limits": {
+///         "plans": {
+///             "free": { "limit": 100, "window": "1h" },
+///             "pro": { "limits": [ { "limit": 10, "window": "1s" }, { "limit": 10000, "window": "1d" } ] }
+///         },
+///         "http": { "default_plan": "free", "key": ["api_key", "ip"], "api_keys": { "k-pro": "pro" } }
+///     }
+/// }))?;
+/// let layer = RateLimitLayer::new(app.rate_limits)?;
+/// assert_eq!(layer.limiter().plan_names(), ["free", "pro"]);
+///
+/// let err = serde_json::from_value::<AppConfig>(serde_json::json!({
+///     "listen": "x",
+///     "rate_limits": { "plans": { "free": { "limit": 1, "window": 1 } }, "http": { "headers": "fancy" } }
+/// }))
+/// .err()
+/// .unwrap();
+/// assert_eq!(err.to_string(), "http.headers: unknown style 'fancy' (expected github, ietf, both or none)");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct HttpConfig {

@@ -36,9 +36,18 @@ impl HttpConfig {
     }
 }
 
+/// An `HttpConfig` inside an app's own config, from any serde format: the same tables as the
+/// file (`plans`, `http`, `redis`), the same checks and messages (each naming the dotted field,
+/// with no line: the line belongs to the app's parser).
+impl<'de> Deserialize<'de> for HttpConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        crate::plan::config::deserialize_via(d, HttpConfig::parse)
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawFile {
+pub(crate) struct RawFile {
     #[allow(dead_code)]
     plans: serde::de::IgnoredAny,
     // Not `Spanned`: toml cannot span a table that only dotted headers create
