@@ -75,7 +75,7 @@ struct Active {
 pub struct RlsService {
     limiter: Arc<Limiter<String>>,
     active: RwLock<Arc<Active>>,
-    /// The quota each plan was last given, to set only the plans that changed on a reload.
+    /// Every plan made so far, by name: a reload adds only the plans of new rates.
     quotas: Mutex<HashMap<String, (Quota, PlanId)>>,
     stats: Registry,
     /// False once shutdown began (health checks then fail).
@@ -97,6 +97,19 @@ fn quota_of(limit: &RateLimit) -> Option<Quota> {
 }
 
 
+/// The engine plan of a limit: its full key and its quota, so an unchanged limit keeps its plan
+/// (and its counters) across reloads and a changed one starts afresh.
+fn plan_name(limit: &RateLimit, q: &Quota) -> String {
+    format!(
+        "{}#{}/{}s/{}/{}",
+        limit.full_key,
+        q.limit(),
+        q.period().as_secs(),
+        q.algo().name(),
+        q.burst_size()
+    )
+}
+
 fn engine_error(limit: &RateLimit, e: Error) -> ConfigError {
     ConfigError {
         file: limit.full_key.clone(),
@@ -117,8 +130,9 @@ impl RlsService {
         let mut quotas = HashMap::new();
         for limit in config.limits() {
             if let Some(q) = quota_of(&limit) {
-                builder = builder.plan(limit.full_key.clone(), Plan::new([q]));
-                quotas.insert(limit.full_key.clone(), q);
+                let name = plan_name(&limit, &q);
+                builder = builder.plan(name.clone(), Plan::new([q]));
+                quotas.insert(limit.full_key.clone(), (name, q));
             }
         }
         builder = match backend {
@@ -141,9 +155,9 @@ impl RlsService {
         })?;
         let mut plans = HashMap::new();
         let mut with_ids = HashMap::new();
-        for (name, q) in quotas {
+        for (full_key, (name, q)) in quotas {
             let id = limiter.plan(&name).expect("every limit's plan was built");
-            plans.insert(name.clone(), id);
+            plans.insert(full_key, id);
             with_ids.insert(name, (q, id));
         }
         let stats = Registry::default();
@@ -157,9 +171,9 @@ impl RlsService {
         })
     }
 
-    /// Puts `config` in force. Counters carry over: a limit whose quota is unchanged keeps its
-    /// state, one whose quota changed starts from it (the engine's plan change). On an error
-    /// nothing changes.
+    /// Puts `config` in force. A limit whose rate (limit, unit, algorithm, burst) is unchanged
+    /// keeps its counters; one whose rate changed starts counting afresh. On an error nothing
+    /// changes.
     pub fn reload(&self, config: RlsConfig) -> Result<(), ConfigError> {
         let result = self.install(config);
         let counter = if result.is_ok() {
@@ -191,14 +205,15 @@ impl RlsService {
         let mut plans = HashMap::new();
         for l in &limits {
             let Some(q) = quota_of(l) else { continue };
-            let id = match quotas.get(&l.full_key) {
-                Some(&(old, id)) if old == q => id,
-                _ => {
+            let name = plan_name(l, &q);
+            let id = match quotas.get(&name) {
+                Some(&(_, id)) => id,
+                None => {
                     let id = self
                         .limiter
-                        .set_plan(&l.full_key, Plan::new([q]))
+                        .set_plan(&name, Plan::new([q]))
                         .map_err(|e| engine_error(l, e))?;
-                    quotas.insert(l.full_key.clone(), (q, id));
+                    quotas.insert(name, (q, id));
                     id
                 }
             };
@@ -455,4 +470,51 @@ fn unix_now() -> Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(yaml: &str) -> RlsService {
+        RlsService::new(RlsConfig::from_sources(&[("t.yaml".into(), yaml.into())]).unwrap())
+            .unwrap()
+    }
+
+    fn answer(s: &RlsService, domain: &str, value: &str, hits: u32) -> (i32, u32, u32) {
+        let r = s.decide_entries(domain, &[("k", value)], hits).unwrap();
+        let st = &r.statuses[0];
+        (
+            st.code,
+            st.current_limit.as_ref().map_or(0, |l| l.requests_per_unit),
+            st.limit_remaining,
+        )
+    }
+
+    const TWO: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    const FIVE: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+
+    #[test]
+    fn a_reload_keeps_the_counters() {
+        let s = service(TWO);
+        assert_eq!(answer(&s, "d", "a", 1), (1, 2, 1));
+        // Another file added: the unchanged limit keeps its count.
+        let other = "domain: e\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1}\n";
+        let c = RlsConfig::from_sources(&[
+            ("t.yaml".into(), TWO.into()),
+            ("u.yaml".into(), other.into()),
+        ])
+        .unwrap();
+        s.reload(c).unwrap();
+        assert_eq!(answer(&s, "d", "a", 1), (1, 2, 0));
+        assert_eq!(answer(&s, "e", "a", 1), (1, 1, 0));
+        // The rate changed: counted afresh under the new one.
+        let c = RlsConfig::from_sources(&[("t.yaml".into(), FIVE.into())]).unwrap();
+        s.reload(c).unwrap();
+        assert_eq!(answer(&s, "d", "a", 1), (1, 5, 4));
+        // Back to the old rate: its counters were kept.
+        let c = RlsConfig::from_sources(&[("t.yaml".into(), TWO.into())]).unwrap();
+        s.reload(c).unwrap();
+        assert_eq!(answer(&s, "d", "a", 1), (2, 2, 0));
+    }
 }
