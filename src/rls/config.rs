@@ -299,10 +299,15 @@ impl RlsConfig {
         };
         let de = serde_norway::Deserializer::from_str(text);
         let root: YamlRoot = serde_path_to_error::deserialize(de).map_err(|e| {
-            err(
-                &e.path().to_string().replace("?.", "").trim_end_matches('?').to_string(),
-                e.inner().to_string(),
-            )
+            let field = e.path().to_string().replace('?', "");
+            let field = field.trim_matches('.');
+            // serde_norway starts its message with the path too: say it once.
+            let message = e.inner().to_string();
+            let message = match message.split_once(": ") {
+                Some((path, rest)) if !path.contains(' ') => rest.to_string(),
+                _ => message,
+            };
+            err(field, message)
         })?;
         if root.domain.is_empty() {
             return Err(err("domain", "config file cannot have empty domain".into()));
