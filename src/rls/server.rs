@@ -30,6 +30,7 @@ impl RateLimitService for Grpc {
         // A request error is a plain error upstream, which gRPC reports as UNKNOWN.
         self.0
             .decide(request.get_ref())
+            .await
             .map(tonic::Response::new)
             .map_err(|e| tonic::Status::unknown(e.0))
     }
@@ -65,7 +66,7 @@ async fn json(State(s): State<Arc<RlsService>>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("bad request: {e}\n")).into_response(),
     };
-    match s.decide(&req) {
+    match s.decide(&req).await {
         Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
         Ok(resp) => {
             let status = if resp.overall_code == 2 {

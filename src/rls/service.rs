@@ -65,9 +65,10 @@ struct Active {
 /// let yaml = "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
 /// let config = RlsConfig::from_sources(&[("web.yaml".into(), yaml.into())])?;
 /// let service = RlsService::new(config)?;
-/// let ok = service.decide_entries("web", &[("user", "ada")], 1)?;
+/// let rt = tokio::runtime::Builder::new_current_thread().build()?;
+/// let ok = rt.block_on(service.decide_entries("web", &[("user", "ada")], 1))?;
 /// assert_eq!(ok.overall_code, 1); // OK
-/// let over = service.decide_entries("web", &[("user", "ada")], 1)?;
+/// let over = rt.block_on(service.decide_entries("web", &[("user", "ada")], 1))?;
 /// assert_eq!(over.overall_code, 2); // OVER_LIMIT
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -264,7 +265,7 @@ impl RlsService {
     }
 
     /// One descriptor's request, for tests and examples: `entries` in `domain`, `hits` hits.
-    pub fn decide_entries(
+    pub async fn decide_entries(
         &self,
         domain: &str,
         entries: &[Entry<'_>],
@@ -285,10 +286,11 @@ impl RlsService {
             }],
             hits_addend: hits,
         })
+        .await
     }
 
     /// Answers a `ShouldRateLimit` request as upstream does.
-    pub fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, RequestError> {
+    pub async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, RequestError> {
         if req.domain.is_empty() {
             return Err(RequestError("rate limit domain must not be empty"));
         }
@@ -333,7 +335,7 @@ impl RlsService {
                         .hits_addend
                         .as_ref()
                         .map_or(u64::from(req.hits_addend.max(1)), |h| h.value);
-                    let (status, over) = self.charge(&active, &m, hits);
+                    let (status, over) = self.charge(&active, &m, hits).await;
                     if over {
                         overall = Code::OverLimit;
                     }
@@ -350,15 +352,15 @@ impl RlsService {
     }
 
     /// Charges one matched descriptor; its status and whether it is over (shadow mode: never).
-    fn charge(&self, active: &Active, m: &Matched, hits: u64) -> (DescriptorStatus, bool) {
+    async fn charge(&self, active: &Active, m: &Matched, hits: u64) -> (DescriptorStatus, bool) {
         let limit = &m.limit;
         let l = u64::from(limit.requests_per_unit);
         let plan = active.plans[&limit.full_key];
         let key = m.key.clone();
         let (before, over, remaining) = if limit.algorithm.is_none() {
-            self.count_fixed(&key, plan, l, hits)
+            self.count_fixed(&key, plan, l, hits).await
         } else {
-            self.count_engine(&key, plan, l, hits)
+            self.count_engine(&key, plan, l, hits).await
         };
         self.stats.get(&super::stats::sanitize(&m.stat_key)).count(
             l,
@@ -388,14 +390,14 @@ impl RlsService {
     }
 
     /// Upstream's counting on a window of `l + 1`: (count before, over, limit_remaining).
-    fn count_fixed(&self, key: &String, plan: PlanId, l: u64, hits: u64) -> (u64, bool, u32) {
+    async fn count_fixed(&self, key: &String, plan: PlanId, l: u64, hits: u64) -> (u64, bool, u32) {
         let cap = l + 1;
         if hits == 0 {
-            let left = self.left(key, plan);
+            let left = self.left(key, plan).await;
             let before = cap - left;
             return (before, left == 0, left.saturating_sub(1) as u32);
         }
-        match self.limiter.check_in(key, plan, hits) {
+        match self.limiter.check_in_async(key, plan, hits).await {
             Ok(d) if d.is_allowed() => {
                 let left = d.remaining();
                 (cap - left - hits, left == 0, left.saturating_sub(1) as u32)
@@ -404,25 +406,25 @@ impl RlsService {
                 let left = if d.reason() == Reason::Limited {
                     d.remaining()
                 } else {
-                    self.left(key, plan)
+                    self.left(key, plan).await
                 };
-                self.saturate(key, plan, left);
+                self.saturate(key, plan, left).await;
                 (cap - left, true, 0)
             }
             Err(_) => {
                 // More hits than the window holds: over, whatever the count.
-                let left = self.left(key, plan);
-                self.saturate(key, plan, left);
+                let left = self.left(key, plan).await;
+                self.saturate(key, plan, left).await;
                 (cap - left, true, 0)
             }
         }
     }
 
     /// The engine's own algorithm: a denial charges nothing (the option documents it).
-    fn count_engine(&self, key: &String, plan: PlanId, l: u64, hits: u64) -> (u64, bool, u32) {
+    async fn count_engine(&self, key: &String, plan: PlanId, l: u64, hits: u64) -> (u64, bool, u32) {
         if hits == 0 {
             // Nothing to charge: ask instead.
-            return match self.limiter.peek_in(key, plan, 1) {
+            return match self.limiter.peek_in_async(key, plan, 1).await {
                 Ok(p) if p.is_allowed() => {
                     let left = p.remaining() + 1;
                     (l.saturating_sub(left), false, left.min(u64::from(u32::MAX)) as u32)
@@ -430,7 +432,7 @@ impl RlsService {
                 _ => (l, true, 0),
             };
         }
-        let Ok(d) = self.limiter.check_in(key, plan, hits) else {
+        let Ok(d) = self.limiter.check_in_async(key, plan, hits).await else {
             return (l, true, 0);
         };
         let rem = d.remaining().min(u64::from(u32::MAX));
@@ -442,8 +444,8 @@ impl RlsService {
     }
 
     /// Units left in a key's window, charging nothing.
-    fn left(&self, key: &String, plan: PlanId) -> u64 {
-        match self.limiter.peek_in(key, plan, 1) {
+    async fn left(&self, key: &String, plan: PlanId) -> u64 {
+        match self.limiter.peek_in_async(key, plan, 1).await {
             Ok(d) if d.is_allowed() => d.remaining() + 1,
             Ok(d) => d.remaining(),
             Err(_) => 0,
@@ -452,9 +454,9 @@ impl RlsService {
 
     /// Takes what is left of a window (racing charges may take part of it first: the loop ends
     /// when nothing is left).
-    fn saturate(&self, key: &String, plan: PlanId, mut left: u64) {
+    async fn saturate(&self, key: &String, plan: PlanId, mut left: u64) {
         while left > 0 {
-            match self.limiter.check_in(key, plan, left) {
+            match self.limiter.check_in_async(key, plan, left).await {
                 Ok(d) if d.is_allowed() => return,
                 Ok(d) if d.reason() == Reason::Limited && d.remaining() < left => {
                     left = d.remaining()
@@ -482,7 +484,8 @@ mod tests {
     }
 
     fn answer(s: &RlsService, domain: &str, value: &str, hits: u32) -> (i32, u32, u32) {
-        let r = s.decide_entries(domain, &[("k", value)], hits).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let r = rt.block_on(s.decide_entries(domain, &[("k", value)], hits)).unwrap();
         let st = &r.statuses[0];
         (
             st.code,
