@@ -131,7 +131,14 @@ impl Redis {
             .ok()?
             .port();
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -181,8 +188,14 @@ fn main() {
         if let Some(r) = &redis {
             let url = format!("redis://127.0.0.1:{}/", r.1);
             for (name, backend) in [
-                ("rls redis exact", Backend::RedisExact(RedisConfig::new(&url))),
-                ("rls redis synced", Backend::RedisSynced(RedisConfig::new(&url))),
+                (
+                    "rls redis exact",
+                    Backend::RedisExact(RedisConfig::new(&url)),
+                ),
+                (
+                    "rls redis synced",
+                    Backend::RedisSynced(RedisConfig::new(&url)),
+                ),
             ] {
                 let s = Arc::new(RlsService::with_backend(config(), backend).unwrap());
                 targets.push((name, serve(grpc_service(s)).await));

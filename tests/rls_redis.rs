@@ -16,7 +16,8 @@ const LIMIT: usize = 10;
 fn codes(mode: &str) -> Vec<i32> {
     let redis = RedisServer::start();
     let url = format!("redis://127.0.0.1:{}/", redis.port);
-    let dir = std::env::temp_dir().join(format!("tollgate-rls-redis-{mode}-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("tollgate-rls-redis-{mode}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(

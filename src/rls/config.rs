@@ -348,7 +348,10 @@ impl Ctx<'_> {
         for (i, d) in descriptors.into_iter().enumerate() {
             let at = format!("{field}[{i}]");
             if d.key.is_empty() {
-                return Err((self.err)(&format!("{at}.key"), "descriptor has empty key".into()));
+                return Err((self.err)(
+                    &format!("{at}.key"),
+                    "descriptor has empty key".into(),
+                ));
             }
             let final_key = if d.value.is_empty() {
                 d.key.clone()

@@ -134,7 +134,10 @@ pub(crate) fn response_json(resp: &RateLimitResponse) -> Value {
                 m.insert("limitRemaining".into(), json!(s.limit_remaining));
             }
             if let Some(d) = &s.duration_until_reset {
-                m.insert("durationUntilReset".into(), json!(format!("{}s", d.seconds)));
+                m.insert(
+                    "durationUntilReset".into(),
+                    json!(format!("{}s", d.seconds)),
+                );
             }
             Value::Object(m)
         })

@@ -97,7 +97,6 @@ fn quota_of(limit: &RateLimit) -> Option<Quota> {
     })
 }
 
-
 /// The engine plan of a limit: its full key and its quota, so an unchanged limit keeps its plan
 /// (and its counters) across reloads and a changed one starts afresh.
 fn plan_name(limit: &RateLimit, q: &Quota) -> String {
@@ -146,7 +145,9 @@ impl RlsService {
             config
                 .limits()
                 .iter()
-                .find(|l| quota_of(l).is_some_and(|q| Limiter::<u64>::builder().quota(q).build().is_err()))
+                .find(|l| {
+                    quota_of(l).is_some_and(|q| Limiter::<u64>::builder().quota(q).build().is_err())
+                })
                 .map(|l| engine_error(l, e.clone()))
                 .unwrap_or(ConfigError {
                     file: "(engine)".into(),
@@ -421,13 +422,23 @@ impl RlsService {
     }
 
     /// The engine's own algorithm: a denial charges nothing (the option documents it).
-    async fn count_engine(&self, key: &String, plan: PlanId, l: u64, hits: u64) -> (u64, bool, u32) {
+    async fn count_engine(
+        &self,
+        key: &String,
+        plan: PlanId,
+        l: u64,
+        hits: u64,
+    ) -> (u64, bool, u32) {
         if hits == 0 {
             // Nothing to charge: ask instead.
             return match self.limiter.peek_in_async(key, plan, 1).await {
                 Ok(p) if p.is_allowed() => {
                     let left = p.remaining() + 1;
-                    (l.saturating_sub(left), false, left.min(u64::from(u32::MAX)) as u32)
+                    (
+                        l.saturating_sub(left),
+                        false,
+                        left.min(u64::from(u32::MAX)) as u32,
+                    )
                 }
                 _ => (l, true, 0),
             };
@@ -484,8 +495,12 @@ mod tests {
     }
 
     fn answer(s: &RlsService, domain: &str, value: &str, hits: u32) -> (i32, u32, u32) {
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let r = rt.block_on(s.decide_entries(domain, &[("k", value)], hits)).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let r = rt
+            .block_on(s.decide_entries(domain, &[("k", value)], hits))
+            .unwrap();
         let st = &r.statuses[0];
         (
             st.code,
@@ -494,8 +509,10 @@ mod tests {
         )
     }
 
-    const TWO: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
-    const FIVE: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    const TWO: &str =
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    const FIVE: &str =
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
 
     #[test]
     fn a_reload_keeps_the_counters() {

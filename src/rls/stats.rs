@@ -73,6 +73,9 @@ impl LimitStats {
     }
 }
 
+/// One counter of [`LimitStats`], picked.
+type Field = fn(&LimitStats) -> &AtomicU64;
+
 /// Every stats key's counters, kept across config reloads.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
@@ -106,7 +109,7 @@ impl Registry {
             .collect();
         rows.sort_by(|a, b| a.0.cmp(&b.0));
         let mut out = String::new();
-        let stats: [(&str, fn(&LimitStats) -> &AtomicU64); 5] = [
+        let stats: [(&str, Field); 5] = [
             ("total_hits", |s| &s.total_hits),
             ("within_limit", |s| &s.within_limit),
             ("over_limit", |s| &s.over_limit),
@@ -198,7 +201,10 @@ mod tests {
         assert_eq!(counted(10, &[(7, 3, false)], false), [3, 3, 0, 2, 0]);
         assert_eq!(counted(10, &[(10, 4, true)], true), [4, 0, 4, 0, 4]);
         // Limit 0: every hit is over, none near.
-        assert_eq!(counted(0, &[(0, 1, true), (1, 1, true)], false), [2, 0, 2, 0, 0]);
+        assert_eq!(
+            counted(0, &[(0, 1, true), (1, 1, true)], false),
+            [2, 0, 2, 0, 0]
+        );
     }
 
     #[test]
@@ -208,9 +214,6 @@ mod tests {
             labels("rl.foo.bar_a:b"),
             r#"domain="rl",key1="foo",key2="bar_a_b""#
         );
-        assert_eq!(
-            labels("rl.a.b.c"),
-            r#"domain="rl",key1="a",key2="b.c""#
-        );
+        assert_eq!(labels("rl.a.b.c"), r#"domain="rl",key1="a",key2="b.c""#);
     }
 }
