@@ -287,3 +287,39 @@ fn sigterm_answers_requests_in_flight() {
         );
     }
 }
+
+/// Upstream's own example configs (`examples/ratelimit/config/`), as its README walks them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_example_configs() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rls/upstream");
+    let config = tollgate::rls::RlsConfig::load(&dir).unwrap();
+    assert_eq!(config.domains(), ["mongo_cps", "rl"]);
+    let service = Arc::new(RlsService::new(config).unwrap());
+    let mut c = connect(serve_in_process(service).await).await;
+    tokio::task::spawn_blocking(|| settle_in_minute(5)).await.unwrap();
+    let mut ask = async |domain: &str, entries: &[(&str, &str)]| {
+        let r = c
+            .should_rate_limit(request(domain, vec![desc(entries, None)], 0))
+            .await
+            .unwrap()
+            .into_inner();
+        status(&r, 0)
+    };
+    let sd = [("source_cluster", "proxy"), ("destination_cluster", "mock")];
+    assert_eq!(ask("rl", &sd).await, (OK, 1, 0));
+    assert_eq!(ask("rl", &sd).await, (OVER, 1, 0));
+    // foo alone: 2 a minute; foo + bar (any value): 3; bar=banned: 0; baz=shady: shadow.
+    assert_eq!(ask("rl", &[("foo", "f")]).await, (OK, 2, 1));
+    assert_eq!(ask("rl", &[("foo", "f"), ("bar", "b")]).await, (OK, 3, 2));
+    assert_eq!(ask("rl", &[("foo", "f"), ("bar", "banned")]).await, (OVER, 0, 0));
+    assert_eq!(ask("rl", &[("foo", "f"), ("baz", "shady")]).await, (OK, 1, 0));
+    assert_eq!(ask("rl", &[("foo", "f"), ("baz", "shady")]).await, (OK, 1, 0));
+    assert_eq!(ask("rl", &[("foo", "f"), ("bay", "x")]).await, (OK, 0, u32::MAX));
+    assert_eq!(ask("rl", &[("qux", "q")]).await, (OK, 0, u32::MAX));
+    for left in (0..5).rev() {
+        assert_eq!(ask("mongo_cps", &[("database", "users")]).await, (OK, 5, left));
+    }
+    assert_eq!(ask("mongo_cps", &[("database", "users")]).await, (OVER, 5, 0));
+    assert_eq!(ask("mongo_cps", &[("database", "default")]).await, (OK, 5, 4));
+    assert_eq!(ask("mongo_cps", &[("database", "other")]).await, (OK, 0, 0));
+}
