@@ -296,7 +296,9 @@ async fn upstream_example_configs() {
     assert_eq!(config.domains(), ["mongo_cps", "rl"]);
     let service = Arc::new(RlsService::new(config).unwrap());
     let mut c = connect(serve_in_process(service).await).await;
-    tokio::task::spawn_blocking(|| settle_in_minute(5)).await.unwrap();
+    tokio::task::spawn_blocking(|| settle_in_minute(5))
+        .await
+        .unwrap();
     let mut ask = async |domain: &str, entries: &[(&str, &str)]| {
         let r = c
             .should_rate_limit(request(domain, vec![desc(entries, None)], 0))
@@ -311,15 +313,74 @@ async fn upstream_example_configs() {
     // foo alone: 2 a minute; foo + bar (any value): 3; bar=banned: 0; baz=shady: shadow.
     assert_eq!(ask("rl", &[("foo", "f")]).await, (OK, 2, 1));
     assert_eq!(ask("rl", &[("foo", "f"), ("bar", "b")]).await, (OK, 3, 2));
-    assert_eq!(ask("rl", &[("foo", "f"), ("bar", "banned")]).await, (OVER, 0, 0));
-    assert_eq!(ask("rl", &[("foo", "f"), ("baz", "shady")]).await, (OK, 1, 0));
-    assert_eq!(ask("rl", &[("foo", "f"), ("baz", "shady")]).await, (OK, 1, 0));
-    assert_eq!(ask("rl", &[("foo", "f"), ("bay", "x")]).await, (OK, 0, u32::MAX));
+    assert_eq!(
+        ask("rl", &[("foo", "f"), ("bar", "banned")]).await,
+        (OVER, 0, 0)
+    );
+    assert_eq!(
+        ask("rl", &[("foo", "f"), ("baz", "shady")]).await,
+        (OK, 1, 0)
+    );
+    assert_eq!(
+        ask("rl", &[("foo", "f"), ("baz", "shady")]).await,
+        (OK, 1, 0)
+    );
+    assert_eq!(
+        ask("rl", &[("foo", "f"), ("bay", "x")]).await,
+        (OK, 0, u32::MAX)
+    );
     assert_eq!(ask("rl", &[("qux", "q")]).await, (OK, 0, u32::MAX));
     for left in (0..5).rev() {
-        assert_eq!(ask("mongo_cps", &[("database", "users")]).await, (OK, 5, left));
+        assert_eq!(
+            ask("mongo_cps", &[("database", "users")]).await,
+            (OK, 5, left)
+        );
     }
-    assert_eq!(ask("mongo_cps", &[("database", "users")]).await, (OVER, 5, 0));
-    assert_eq!(ask("mongo_cps", &[("database", "default")]).await, (OK, 5, 4));
+    assert_eq!(
+        ask("mongo_cps", &[("database", "users")]).await,
+        (OVER, 5, 0)
+    );
+    assert_eq!(
+        ask("mongo_cps", &[("database", "default")]).await,
+        (OK, 5, 4)
+    );
     assert_eq!(ask("mongo_cps", &[("database", "other")]).await, (OK, 0, 0));
+}
+
+/// Envoy's per-descriptor limit override: the override's rate, counted under the descriptor's
+/// own stats key; ignored for an unknown domain (as upstream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descriptor_limit_override() {
+    use tollgate::rls::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let service = Arc::new(RlsService::new(config(SEMANTICS)).unwrap());
+    let mut c = connect(serve_in_process(service.clone()).await).await;
+    let with_override = |domain: &str| {
+        let mut d = desc(&[("custom", "x"), ("tenant", "t")], None);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 2,
+            unit: 3, // HOUR
+        });
+        request(domain, vec![d], 0)
+    };
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let r = c
+            .should_rate_limit(with_override("api"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().unit, 3);
+        got.push(status(&r, 0));
+    }
+    assert_eq!(got, [(OK, 2, 1), (OK, 2, 0), (OVER, 2, 0)]);
+    assert_eq!(
+        service.stats_of("api.custom_x.tenant_t"),
+        Some([3, 2, 1, 1, 0])
+    );
+    let r = c
+        .should_rate_limit(with_override("nowhere"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status(&r, 0), (OK, 0, 0));
 }

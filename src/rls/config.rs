@@ -99,6 +99,21 @@ impl Unit {
         }
     }
 
+    /// The unit of a wire enum value (`None` for UNKNOWN or a value this build does not know).
+    pub fn from_proto(value: i32) -> Option<Unit> {
+        [
+            Unit::Second,
+            Unit::Minute,
+            Unit::Hour,
+            Unit::Day,
+            Unit::Week,
+            Unit::Month,
+            Unit::Year,
+        ]
+        .into_iter()
+        .find(|u| u.proto() == value)
+    }
+
     fn parse(s: &str) -> Option<Unit> {
         Some(match s.to_ascii_uppercase().as_str() {
             "SECOND" => Unit::Second,

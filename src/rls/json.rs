@@ -97,18 +97,7 @@ fn code_name(code: i32) -> &'static str {
 }
 
 fn unit_name(unit: i32) -> &'static str {
-    [
-        Unit::Second,
-        Unit::Minute,
-        Unit::Hour,
-        Unit::Day,
-        Unit::Week,
-        Unit::Month,
-        Unit::Year,
-    ]
-    .into_iter()
-    .find(|u| u.proto() == unit)
-    .map_or("UNKNOWN", Unit::name)
+    Unit::from_proto(unit).map_or("UNKNOWN", Unit::name)
 }
 
 /// The response in protobuf's JSON mapping (fields at their default value left out).

@@ -18,12 +18,46 @@ pub(crate) struct Matched {
     pub(crate) key: String,
     /// The stats key: the limit's full key, or the detailed / value-to-metric one.
     pub(crate) stat_key: String,
+    /// The engine plan, when it is not the config's plan for the limit (a limit override).
+    pub(crate) plan: Option<crate::PlanId>,
+}
+
+/// The engine key of `entries` in `domain` (as [`RlsConfig::get_limit`] builds it for entries
+/// that no `share_threshold` folds).
+pub(crate) fn plain_key(domain: &str, entries: &[Entry<'_>]) -> String {
+    let mut key = String::from(domain);
+    for (k, v) in entries {
+        key.push('\u{1f}');
+        key.push_str(k);
+        key.push('\u{1e}');
+        key.push_str(v);
+    }
+    key
+}
+
+/// Upstream's stats key of a descriptor with a limit override: `domain.key_value.key…`.
+pub(crate) fn descriptor_key(domain: &str, entries: &[Entry<'_>]) -> String {
+    let mut out = String::from(domain);
+    for (k, v) in entries {
+        out.push('.');
+        out.push_str(k);
+        if !v.is_empty() {
+            out.push('_');
+            out.push_str(v);
+        }
+    }
+    out
 }
 
 /// One descriptor entry: key and value.
 pub(crate) type Entry<'a> = (&'a str, &'a str);
 
 impl RlsConfig {
+    /// Whether `domain` is configured.
+    pub(crate) fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
     /// The limit `entries` fall under in `domain`, if any.
     pub(crate) fn get_limit(&self, domain: &str, entries: &[Entry<'_>]) -> Option<Matched> {
         let root = self.domains.get(domain)?;
@@ -108,6 +142,7 @@ impl RlsConfig {
             limit,
             key,
             stat_key,
+            plan: None,
         })
     }
 }

@@ -15,14 +15,15 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit as PbRateLimit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 
-use super::config::{ConfigError, RateLimit, RlsConfig};
-use super::matching::{Entry, Matched};
+use super::config::{ConfigError, RateLimit, RlsConfig, Unit};
+use super::matching::{Entry, Matched, descriptor_key, plain_key};
 use super::stats::{Charge, Registry};
 use crate::sync::{AtomicBool, Mutex, Ordering, RwLock, lock, read, write};
 use crate::{Algorithm, Error, Limiter, Plan, PlanId, Quota, Reason};
@@ -306,7 +307,13 @@ impl RlsService {
         for (i, d) in req.descriptors.iter().enumerate() {
             entries.clear();
             entries.extend(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
-            let m = active.config.get_limit(&req.domain, &entries);
+            // Envoy's per-descriptor limit override, for a configured domain (as upstream).
+            let m = match &d.limit {
+                Some(o) if active.config.has_domain(&req.domain) => {
+                    Some(self.override_limit(&req.domain, &entries, o)?)
+                }
+                _ => active.config.get_limit(&req.domain, &entries),
+            };
             if let Some(m) = &m {
                 for r in &m.limit.replaces {
                     replacing.insert(r.clone());
@@ -352,11 +359,58 @@ impl RlsService {
         })
     }
 
+    /// The limit a descriptor's override (`RateLimitDescriptor.limit`) sets: upstream's plain
+    /// limit, its stats under the descriptor's own key, one engine plan per override rate.
+    fn override_limit(
+        &self,
+        domain: &str,
+        entries: &[Entry<'_>],
+        o: &RateLimitOverride,
+    ) -> Result<Matched, RequestError> {
+        let unit = Unit::from_proto(o.unit).ok_or(RequestError(
+            "the descriptor's limit override has no valid unit",
+        ))?;
+        let stat_key = descriptor_key(domain, entries);
+        let limit = RateLimit {
+            full_key: stat_key.clone(),
+            requests_per_unit: o.requests_per_unit,
+            unit: Some(unit),
+            unlimited: false,
+            shadow_mode: false,
+            name: String::new(),
+            replaces: Vec::new(),
+            detailed_metric: false,
+            algorithm: None,
+            burst: None,
+        };
+        let q = quota_of(&limit).expect("a limited override");
+        let name = format!("(override)#{}/{}s", q.limit(), q.period().as_secs());
+        let plan = {
+            let mut quotas = lock(&self.quotas);
+            match quotas.get(&name) {
+                Some(&(_, id)) => id,
+                None => {
+                    let id = self.limiter.set_plan(&name, Plan::new([q])).map_err(|_| {
+                        RequestError("the descriptor's limit override is too large")
+                    })?;
+                    quotas.insert(name, (q, id));
+                    id
+                }
+            }
+        };
+        Ok(Matched {
+            limit: Arc::new(limit),
+            key: plain_key(domain, entries),
+            stat_key,
+            plan: Some(plan),
+        })
+    }
+
     /// Charges one matched descriptor; its status and whether it is over (shadow mode: never).
     async fn charge(&self, active: &Active, m: &Matched, hits: u64) -> (DescriptorStatus, bool) {
         let limit = &m.limit;
         let l = u64::from(limit.requests_per_unit);
-        let plan = active.plans[&limit.full_key];
+        let plan = m.plan.unwrap_or_else(|| active.plans[&limit.full_key]);
         let key = m.key.clone();
         let (before, over, remaining) = if limit.algorithm.is_none() {
             self.count_fixed(&key, plan, l, hits).await
