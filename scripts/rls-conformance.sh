@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    # Debian splits venv and pip out of python3 (and a fresh machine may lack python3).
     echo "== installing python3-venv"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq python3-venv
@@ -37,10 +38,15 @@ grep -q 'tests/rls/bad/bad.yaml: descriptors\[0\].rate_limit.unit: invalid rate 
 target/debug/tollgate rls --config "$WORK" --grpc "$GRPC" --http "$HTTP" 2>"$WORK/server.log" &
 PID=$!
 trap 'kill $PID 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-    curl -sf "http://$HTTP/healthcheck" >/dev/null 2>&1 && break
-    sleep 0.1
-done
+"$VENV/bin/python" - "$HTTP" <<'PY'
+import sys, time, urllib.request
+for _ in range(100):
+    try:
+        urllib.request.urlopen(f"http://{sys.argv[1]}/healthcheck", timeout=1)
+        break
+    except OSError:
+        time.sleep(0.1)
+PY
 "$VENV/bin/python" scripts/rls_conformance.py "$GRPC" "$HTTP" "$WORK" "$PID"
 kill -TERM "$PID"
 STATUS=0; wait "$PID" || STATUS=$?
