@@ -164,6 +164,7 @@ impl RlsService {
             with_ids.insert(name, (q, id));
         }
         let stats = Registry::default();
+        // Relaxed (here and for the other load counters): counters read only for display.
         stats.config_load_success.fetch_add(1, Ordering::Relaxed);
         Ok(RlsService {
             limiter,
@@ -250,15 +251,7 @@ impl RlsService {
     /// The counters of a stats key (`domain.key_value.key`), if it was ever counted:
     /// `[total_hits, within_limit, over_limit, near_limit, shadow_mode]`.
     pub fn stats_of(&self, stat_key: &str) -> Option<[u64; 5]> {
-        self.stats.find(stat_key).map(|s| {
-            [
-                s.total_hits.load(Ordering::Relaxed),
-                s.within_limit.load(Ordering::Relaxed),
-                s.over_limit.load(Ordering::Relaxed),
-                s.near_limit.load(Ordering::Relaxed),
-                s.shadow_mode.load(Ordering::Relaxed),
-            ]
-        })
+        self.stats.find(stat_key).map(|s| s.snapshot())
     }
 
     /// The engine underneath (for its stats).

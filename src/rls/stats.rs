@@ -39,6 +39,18 @@ pub(crate) struct Charge {
 }
 
 impl LimitStats {
+    /// `[total_hits, within_limit, over_limit, near_limit, shadow_mode]`.
+    pub fn snapshot(&self) -> [u64; 5] {
+        // Relaxed: independent counters; a snapshot racing a request may show part of it.
+        [
+            self.total_hits.load(Ordering::Relaxed),
+            self.within_limit.load(Ordering::Relaxed),
+            self.over_limit.load(Ordering::Relaxed),
+            self.near_limit.load(Ordering::Relaxed),
+            self.shadow_mode.load(Ordering::Relaxed),
+        ]
+    }
+
     /// Counts a charge as upstream's `GetResponseDescriptorStatus` does: the part of the hits
     /// above the limit is over it, the part between 80% and the limit near it.
     pub(crate) fn count(&self, limit: u64, c: Charge, shadow: bool) {
@@ -124,6 +136,7 @@ impl Registry {
                     out,
                     "{name}{{{}}} {}",
                     labels(key),
+                    // Relaxed: a counter read for display.
                     field(s).load(Ordering::Relaxed)
                 );
             }
@@ -133,6 +146,7 @@ impl Registry {
             ("config_load_error", &self.config_load_error),
         ] {
             let _ = writeln!(out, "# TYPE ratelimit_service_{name} counter");
+            // Relaxed: a counter read for display.
             let _ = writeln!(
                 out,
                 "ratelimit_service_{name} {}",
@@ -179,13 +193,7 @@ mod tests {
         for &(before, hits, over) in charges {
             s.count(limit, Charge { before, hits, over }, shadow);
         }
-        [
-            s.total_hits.load(Ordering::Relaxed),
-            s.within_limit.load(Ordering::Relaxed),
-            s.over_limit.load(Ordering::Relaxed),
-            s.near_limit.load(Ordering::Relaxed),
-            s.shadow_mode.load(Ordering::Relaxed),
-        ]
+        s.snapshot()
     }
 
     #[test]
