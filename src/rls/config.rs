@@ -547,3 +547,101 @@ pub fn read_sources(path: &Path) -> Result<Vec<(String, String)>, ConfigError> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(files: &[(&str, &str)]) -> Result<RlsConfig, String> {
+        let sources: Vec<(String, String)> = files
+            .iter()
+            .map(|(f, t)| (f.to_string(), t.to_string()))
+            .collect();
+        RlsConfig::from_sources(&sources).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn upstreams_checks_name_the_file_and_field() {
+        let cases = [
+            (
+                "descriptors: []",
+                "f.yaml: domain: config file cannot have empty domain",
+            ),
+            (
+                "domain: d\ndescriptors: [{value: v}]",
+                "f.yaml: descriptors[0].key: descriptor has empty key",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, value: v}, {key: k, value: v}]",
+                "f.yaml: descriptors[1]: duplicate descriptor composite key 'd.k_v'",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, unit: hour}}]",
+                "f.yaml: descriptors[0].rate_limit.unit: should not specify rate limit unit when unlimited",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, rate_limit: {requests_per_unit: 1}}]",
+                "f.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit ''",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, rate_limit: {unit: hour, name: a, replaces: [{name: a}]}}]",
+                "f.yaml: descriptors[0].rate_limit.replaces[0].name: replaces should not contain name of same descriptor",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, rate_limit: {unit: hour, algorithm: magic}}]",
+                "f.yaml: descriptors[0].rate_limit.algorithm: unknown algorithm 'magic'",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, value: v, share_threshold: true}]",
+                "f.yaml: descriptors[0].share_threshold: share_threshold can only be used with wildcard values",
+            ),
+        ];
+        for (yaml, want) in cases {
+            let err = load(&[("f.yaml", yaml)]).unwrap_err();
+            assert!(err.starts_with(want), "{yaml}\n got: {err}\nwant: {want}");
+        }
+        let dup = "domain: d\n";
+        assert_eq!(
+            load(&[("a.yaml", dup), ("b.yaml", dup)]).unwrap_err(),
+            "b.yaml: domain: duplicate domain 'd' in config file"
+        );
+    }
+
+    #[test]
+    fn scalars_units_and_extras_parse() {
+        let c = load(&[(
+            "f.yaml",
+            "domain: 7\ndescriptors:\n  - key: status\n    value: 404\n    rate_limit: {unit: MONTH, requests_per_unit: 3, algorithm: token_bucket, burst: 2}\n",
+        )])
+        .unwrap();
+        assert_eq!(c.domains(), ["7"]);
+        let l = &c.limits()[0];
+        assert_eq!(l.full_key, "7.status_404");
+        assert_eq!(l.unit, Some(Unit::Month));
+        assert_eq!(l.period(), Duration::from_secs(30 * 86_400));
+        assert_eq!(
+            (l.algorithm, l.burst),
+            (Some(Algorithm::TokenBucket), Some(2))
+        );
+        assert_eq!(Unit::Year.seconds(), 365 * 86_400);
+        assert_eq!(Unit::from_proto(Unit::Week.proto()), Some(Unit::Week));
+    }
+
+    #[test]
+    fn a_directory_is_its_yaml_files_in_name_order() {
+        let dir = std::env::temp_dir().join(format!("tollgate-rls-dir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("b.yml"), "domain: b\n").unwrap();
+        std::fs::write(dir.join("a.yaml"), "domain: a\n").unwrap();
+        std::fs::write(dir.join("notes.txt"), "not: [yaml").unwrap();
+        let sources = read_sources(&dir).unwrap();
+        let names: Vec<&str> = sources
+            .iter()
+            .map(|(f, _)| f.rsplit('/').next().unwrap())
+            .collect();
+        assert_eq!(names, ["a.yaml", "b.yml"]);
+        assert_eq!(RlsConfig::load(&dir).unwrap().domains(), ["a", "b"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
