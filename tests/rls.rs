@@ -384,3 +384,50 @@ async fn a_descriptor_limit_override() {
         .into_inner();
     assert_eq!(status(&r, 0), (OK, 0, 0));
 }
+
+/// The extra `check_all: true`: a request's descriptors pass together or nothing is charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_all_charges_every_descriptor_or_none() {
+    let yaml = "
+domain: shop
+check_all: true
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: global
+    rate_limit: {unit: hour, requests_per_unit: 5}
+";
+    let service = Arc::new(RlsService::new(config(yaml)).unwrap());
+    let mut c = connect(serve_in_process(service.clone()).await).await;
+    let mut ask = async |user: &str| {
+        let r = c
+            .should_rate_limit(request(
+                "shop",
+                vec![
+                    desc(&[("user", user)], None),
+                    desc(&[("global", "g")], None),
+                ],
+                0,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        (r.overall_code, status(&r, 0), status(&r, 1))
+    };
+    assert_eq!(ask("a").await, (OK, (OK, 3, 2), (OK, 5, 4)));
+    assert_eq!(ask("a").await, (OK, (OK, 3, 1), (OK, 5, 3)));
+    assert_eq!(ask("a").await, (OK, (OK, 3, 0), (OK, 5, 2)));
+    // User a is over: the global limit is not charged (upstream would charge it).
+    assert_eq!(ask("a").await, (OVER, (OVER, 3, 0), (OK, 5, 2)));
+    assert_eq!(ask("b").await, (OK, (OK, 3, 2), (OK, 5, 1)));
+    assert_eq!(ask("b").await, (OK, (OK, 3, 1), (OK, 5, 0)));
+    // The global limit is spent: user b is not charged either.
+    assert_eq!(ask("b").await, (OVER, (OK, 3, 1), (OVER, 5, 0)));
+    assert_eq!(service.stats_of("shop.user"), Some([7, 5, 1, 1, 0]));
+    // A descriptor's own hits_addend has no meaning here: a request error.
+    let e = c
+        .should_rate_limit(request("shop", vec![desc(&[("user", "c")], Some(2))], 0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unknown);
+}

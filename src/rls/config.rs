@@ -139,6 +139,9 @@ struct YamlRoot {
     domain: String,
     #[serde(default)]
     descriptors: Option<Vec<YamlDescriptor>>,
+    /// Extra: a request's descriptors in this domain are admitted all together or not at all.
+    #[serde(default)]
+    check_all: bool,
 }
 
 #[derive(Deserialize)]
@@ -236,6 +239,8 @@ pub struct RateLimit {
     pub algorithm: Option<Algorithm>,
     /// Extra: the bucket algorithms' burst.
     pub burst: Option<u64>,
+    /// Extra: the limit's domain is `check_all` (all of a request's descriptors or none).
+    pub check_all: bool,
 }
 
 impl RateLimit {
@@ -258,6 +263,8 @@ pub(crate) struct Node {
     pub(crate) value_to_metric: bool,
     /// `share_threshold` on this (wildcard) entry: every value it matches shares one counter.
     pub(crate) share_threshold: bool,
+    /// At a domain's root: the extra `check_all` (all descriptors admitted or none charged).
+    pub(crate) check_all: bool,
 }
 
 /// A loaded configuration: every domain's descriptor tree.
@@ -280,6 +287,11 @@ impl RlsConfig {
             config.add_file(file, text)?;
         }
         Ok(config)
+    }
+
+    /// Whether `domain` is all-or-nothing across a request's descriptors (`check_all: true`).
+    pub fn is_check_all(&self, domain: &str) -> bool {
+        self.domains.get(domain).is_some_and(|n| n.check_all)
     }
 
     /// The domains configured, sorted.
@@ -333,8 +345,15 @@ impl RlsConfig {
                 format!("duplicate domain '{}' in config file", root.domain),
             ));
         }
-        let mut node = Node::default();
-        let ctx = Ctx { file, err: &err };
+        let mut node = Node {
+            check_all: root.check_all,
+            ..Node::default()
+        };
+        let ctx = Ctx {
+            file,
+            err: &err,
+            check_all: root.check_all,
+        };
         ctx.load(
             &mut node,
             &format!("{}.", root.domain),
@@ -350,6 +369,8 @@ impl RlsConfig {
 struct Ctx<'a> {
     file: &'a str,
     err: &'a dyn Fn(&str, String) -> ConfigError,
+    /// The domain is `check_all`.
+    check_all: bool,
 }
 
 impl Ctx<'_> {
@@ -486,11 +507,17 @@ impl Ctx<'_> {
                 "burst must be at least 1".into(),
             ));
         }
-        if !rl.unlimited && rl.requests_per_unit == 0 && algorithm.is_some() {
+        if self.check_all && shadow_mode {
+            return Err((self.err)(
+                &at.replace(".rate_limit", ".shadow_mode"),
+                "shadow_mode cannot be combined with the domain's check_all".into(),
+            ));
+        }
+        if !rl.unlimited && rl.requests_per_unit == 0 && (algorithm.is_some() || self.check_all) {
             return Err((self.err)(
                 &format!("{at}.requests_per_unit"),
-                "a limit of 0 is only for the default fixed window (it answers OVER_LIMIT \
-                 always); the engine's algorithms need at least 1"
+                "a limit of 0 is only for upstream's fixed window (it answers OVER_LIMIT \
+                 always); the engine's algorithms and check_all need at least 1"
                     .into(),
             ));
         }
@@ -505,6 +532,7 @@ impl Ctx<'_> {
             detailed_metric,
             algorithm,
             burst: rl.burst,
+            check_all: self.check_all,
         })
     }
 }

@@ -10,6 +10,7 @@
 //!
 //! `docs/rls.md` has the semantics, the differences from upstream and the extras.
 
+mod all;
 mod config;
 mod json;
 mod matching;

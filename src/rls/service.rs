@@ -54,9 +54,9 @@ impl std::error::Error for RequestError {}
 
 /// The configuration in force and the engine plan of each of its limits.
 #[derive(Debug)]
-struct Active {
+pub(crate) struct Active {
     config: RlsConfig,
-    plans: HashMap<String, PlanId>,
+    pub(crate) plans: HashMap<String, PlanId>,
 }
 
 /// Envoy's rate limit service on the engine: decisions, reloads, stats.
@@ -75,7 +75,7 @@ struct Active {
 /// ```
 #[derive(Debug)]
 pub struct RlsService {
-    limiter: Arc<Limiter<String>>,
+    pub(crate) limiter: Arc<Limiter<String>>,
     active: RwLock<Arc<Active>>,
     /// Every plan made so far, by name: a reload adds only the plans of new rates.
     quotas: Mutex<HashMap<String, (Quota, PlanId)>>,
@@ -85,15 +85,17 @@ pub struct RlsService {
 }
 
 /// The engine quota of a limit (`None`: nothing to count).
-fn quota_of(limit: &RateLimit) -> Option<Quota> {
+pub(crate) fn quota_of(limit: &RateLimit) -> Option<Quota> {
     if limit.unlimited {
         return None;
     }
     let l = u64::from(limit.requests_per_unit);
     Some(match limit.algorithm {
-        None => Quota::new(l + 1, limit.period()).algorithm(Algorithm::FixedWindow),
-        Some(a) => Quota::new(l, limit.period())
-            .algorithm(a)
+        None if !limit.check_all => {
+            Quota::new(l + 1, limit.period()).algorithm(Algorithm::FixedWindow)
+        }
+        a => Quota::new(l, limit.period())
+            .algorithm(a.unwrap_or(Algorithm::FixedWindow))
             .burst(limit.burst.unwrap_or(l)),
     })
 }
@@ -109,6 +111,22 @@ fn plan_name(limit: &RateLimit, q: &Quota) -> String {
         q.algo().name(),
         q.burst_size()
     )
+}
+
+/// Exact Redis mode decides one limit per script: an all-or-nothing domain is refused.
+fn exact_refuses_check_all(config: &RlsConfig) -> Result<(), ConfigError> {
+    match config
+        .domains()
+        .into_iter()
+        .find(|d| config.is_check_all(d))
+    {
+        Some(d) => Err(ConfigError {
+            file: format!("domain '{d}'"),
+            field: "check_all".into(),
+            message: "not available in Redis exact mode (use synced mode or leave it out)".into(),
+        }),
+        None => Ok(()),
+    }
 }
 
 fn engine_error(limit: &RateLimit, e: Error) -> ConfigError {
@@ -127,6 +145,9 @@ impl RlsService {
 
     /// A service whose limits live in `backend` (a Redis backend needs a tokio runtime entered).
     pub fn with_backend(config: RlsConfig, backend: Backend) -> Result<RlsService, ConfigError> {
+        if matches!(backend, Backend::RedisExact(_)) {
+            exact_refuses_check_all(&config)?;
+        }
         let mut builder = Limiter::<String>::builder().quota(Quota::per_second(1));
         let mut quotas = HashMap::new();
         for limit in config.limits() {
@@ -195,6 +216,9 @@ impl RlsService {
     }
 
     fn install(&self, config: RlsConfig) -> Result<(), ConfigError> {
+        if self.limiter.is_exact() {
+            exact_refuses_check_all(&config)?;
+        }
         let limits = config.limits();
         // Validate every new quota before changing any plan.
         for l in &limits {
@@ -302,9 +326,12 @@ impl RlsService {
             entries.extend(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
             // Envoy's per-descriptor limit override, for a configured domain (as upstream).
             let m = match &d.limit {
-                Some(o) if active.config.has_domain(&req.domain) => {
-                    Some(self.override_limit(&req.domain, &entries, o)?)
-                }
+                Some(o) if active.config.has_domain(&req.domain) => Some(self.override_limit(
+                    &req.domain,
+                    &entries,
+                    o,
+                    active.config.is_check_all(&req.domain),
+                )?),
                 _ => active.config.get_limit(&req.domain, &entries),
             };
             if let Some(m) = &m {
@@ -315,13 +342,41 @@ impl RlsService {
             }
             matched.push(m.filter(|m| !m.limit.unlimited));
         }
+        for m in matched.iter_mut() {
+            if m.as_ref()
+                .is_some_and(|m| !m.limit.name.is_empty() && replacing.contains(&m.limit.name))
+            {
+                *m = None;
+            }
+        }
+        let mut charged: Vec<Option<(DescriptorStatus, bool)>> =
+            if active.config.is_check_all(&req.domain) {
+                if req.descriptors.iter().any(|d| d.hits_addend.is_some()) {
+                    return Err(RequestError(
+                        "a check_all domain counts the request's hits_addend, not a descriptor's",
+                    ));
+                }
+                self.charge_all(&active, &matched, u64::from(req.hits_addend.max(1)))
+            } else {
+                let mut out = Vec::with_capacity(matched.len());
+                for (m, d) in matched.iter().zip(&req.descriptors) {
+                    out.push(match m {
+                        None => None,
+                        Some(m) => {
+                            let hits = d
+                                .hits_addend
+                                .as_ref()
+                                .map_or(u64::from(req.hits_addend.max(1)), |h| h.value);
+                            Some(self.charge(&active, m, hits).await)
+                        }
+                    });
+                }
+                out
+            };
         let mut overall = Code::Ok;
         let mut statuses = Vec::with_capacity(req.descriptors.len());
-        for (i, d) in req.descriptors.iter().enumerate() {
-            let m = matched[i]
-                .take()
-                .filter(|m| m.limit.name.is_empty() || !replacing.contains(&m.limit.name));
-            let status = match m {
+        for (i, c) in charged.iter_mut().enumerate() {
+            statuses.push(match c.take() {
                 None if unlimited[i] => DescriptorStatus {
                     code: Code::Ok as i32,
                     limit_remaining: u32::MAX,
@@ -331,19 +386,13 @@ impl RlsService {
                     code: Code::Ok as i32,
                     ..Default::default()
                 },
-                Some(m) => {
-                    let hits = d
-                        .hits_addend
-                        .as_ref()
-                        .map_or(u64::from(req.hits_addend.max(1)), |h| h.value);
-                    let (status, over) = self.charge(&active, &m, hits).await;
+                Some((status, over)) => {
                     if over {
                         overall = Code::OverLimit;
                     }
                     status
                 }
-            };
-            statuses.push(status);
+            });
         }
         Ok(RateLimitResponse {
             overall_code: overall as i32,
@@ -359,6 +408,7 @@ impl RlsService {
         domain: &str,
         entries: &[Entry<'_>],
         o: &RateLimitOverride,
+        check_all: bool,
     ) -> Result<Matched, RequestError> {
         let unit = Unit::from_proto(o.unit).ok_or(RequestError(
             "the descriptor's limit override has no valid unit",
@@ -375,7 +425,13 @@ impl RlsService {
             detailed_metric: false,
             algorithm: None,
             burst: None,
+            check_all,
         };
+        if check_all && o.requests_per_unit == 0 {
+            return Err(RequestError(
+                "a limit override of 0 cannot be checked all-or-nothing",
+            ));
+        }
         let q = quota_of(&limit).expect("a limited override");
         let name = format!("(override)#{}/{}s", q.limit(), q.period().as_secs());
         let plan = {
@@ -410,31 +466,24 @@ impl RlsService {
         } else {
             self.count_engine(&key, plan, l, hits).await
         };
-        self.stats.get(&super::stats::sanitize(&m.stat_key)).count(
-            l,
-            Charge { before, hits, over },
-            limit.shadow_mode,
-        );
-        let period = limit.period().as_secs();
-        let status = DescriptorStatus {
-            code: if over && !limit.shadow_mode {
-                Code::OverLimit
-            } else {
-                Code::Ok
-            } as i32,
-            current_limit: Some(PbRateLimit {
-                name: limit.name.clone(),
-                requests_per_unit: limit.requests_per_unit,
-                unit: limit.unit.map_or(0, |u| u.proto()),
-            }),
-            limit_remaining: remaining,
-            duration_until_reset: Some(PbDuration {
-                seconds: (period - unix_now().as_secs() % period) as i64,
-                nanos: 0,
-            }),
-            ..Default::default()
-        };
-        (status, over && !limit.shadow_mode)
+        self.count_stats(m, Charge { before, hits, over });
+        let over = over && !limit.shadow_mode;
+        (status_of(limit, over, remaining), over)
+    }
+
+    /// Counts hits that another descriptor's denial kept from being charged (total only).
+    pub(crate) fn count_unadmitted(&self, m: &Matched, hits: u64) {
+        self.stats
+            .get(&super::stats::sanitize(&m.stat_key))
+            .count_total(hits);
+    }
+
+    /// Counts a charge in the stats of `m`'s stats key.
+    pub(crate) fn count_stats(&self, m: &Matched, c: Charge) {
+        let l = u64::from(m.limit.requests_per_unit);
+        self.stats
+            .get(&super::stats::sanitize(&m.stat_key))
+            .count(l, c, m.limit.shadow_mode);
     }
 
     /// Upstream's counting on a window of `l + 1`: (count before, over, limit_remaining).
@@ -525,6 +574,25 @@ impl RlsService {
     }
 }
 
+/// A descriptor's status under `limit`: `over` (shadow mode already applied), what is left.
+pub(crate) fn status_of(limit: &RateLimit, over: bool, remaining: u32) -> DescriptorStatus {
+    let period = limit.period().as_secs();
+    DescriptorStatus {
+        code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        current_limit: Some(PbRateLimit {
+            name: limit.name.clone(),
+            requests_per_unit: limit.requests_per_unit,
+            unit: limit.unit.map_or(0, |u| u.proto()),
+        }),
+        limit_remaining: remaining,
+        duration_until_reset: Some(PbDuration {
+            seconds: (period - unix_now().as_secs() % period) as i64,
+            nanos: 0,
+        }),
+        ..Default::default()
+    }
+}
+
 /// Wall-clock time since the Unix epoch (windows and resets are aligned to it).
 fn unix_now() -> Duration {
     SystemTime::now()
@@ -560,6 +628,19 @@ mod tests {
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
     const FIVE: &str =
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+
+    #[test]
+    fn exact_mode_refuses_check_all() {
+        let c =
+            RlsConfig::from_sources(&[("t.yaml".into(), "domain: d\ncheck_all: true\n".into())])
+                .unwrap();
+        let backend = Backend::RedisExact(crate::redis::RedisConfig::new("redis://127.0.0.1:1/"));
+        let e = RlsService::with_backend(c, backend).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "domain 'd': check_all: not available in Redis exact mode (use synced mode or leave it out)"
+        );
+    }
 
     #[test]
     fn a_reload_keeps_the_counters() {

@@ -51,6 +51,12 @@ impl LimitStats {
         ]
     }
 
+    /// Counts hits in `total_hits` only (neither within nor over the limit).
+    pub(crate) fn count_total(&self, hits: u64) {
+        // Relaxed: an independent monotonic counter.
+        self.total_hits.fetch_add(hits, Ordering::Relaxed);
+    }
+
     /// Counts a charge as upstream's `GetResponseDescriptorStatus` does: the part of the hits
     /// above the limit is over it, the part between 80% and the limit near it.
     pub(crate) fn count(&self, limit: u64, c: Charge, shadow: bool) {
