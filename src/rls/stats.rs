@@ -3,11 +3,12 @@
 //! and labels of upstream's statsd-exporter mapping (`ratelimit_service_rate_limit_total_hits
 //! {domain, key1, key2}`).
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use crate::sync::{AtomicU64, Mutex, Ordering, lock};
+use dashmap::DashMap;
+
+use crate::sync::{AtomicU64, Ordering};
 
 /// The counters of one stats key.
 #[derive(Debug, Default)]
@@ -97,7 +98,8 @@ type Field = fn(&LimitStats) -> &AtomicU64;
 /// Every stats key's counters, kept across config reloads.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
-    by_key: Mutex<HashMap<String, Arc<LimitStats>>>,
+    /// Sharded: every request reads it, from every connection at once.
+    by_key: DashMap<String, Arc<LimitStats>>,
     pub(crate) config_load_success: AtomicU64,
     pub(crate) config_load_error: AtomicU64,
 }
@@ -105,25 +107,23 @@ pub(crate) struct Registry {
 impl Registry {
     /// The counters of `key` (created at first use).
     pub(crate) fn get(&self, key: &str) -> Arc<LimitStats> {
-        let mut map = lock(&self.by_key);
-        if let Some(s) = map.get(key) {
+        if let Some(s) = self.by_key.get(key) {
             return s.clone();
         }
-        let s = Arc::new(LimitStats::default());
-        map.insert(key.to_string(), s.clone());
-        s
+        self.by_key.entry(key.to_string()).or_default().clone()
     }
 
     /// The counters of `key`, if it was ever counted.
     pub(crate) fn find(&self, key: &str) -> Option<Arc<LimitStats>> {
-        lock(&self.by_key).get(key).cloned()
+        self.by_key.get(key).map(|s| s.clone())
     }
 
     /// The Prometheus text format of every counter.
     pub(crate) fn render(&self) -> String {
-        let mut rows: Vec<(String, Arc<LimitStats>)> = lock(&self.by_key)
+        let mut rows: Vec<(String, Arc<LimitStats>)> = self
+            .by_key
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|e| (e.key().clone(), e.value().clone()))
             .collect();
         rows.sort_by(|a, b| a.0.cmp(&b.0));
         let mut out = String::new();
