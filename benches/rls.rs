@@ -3,7 +3,7 @@
 //! and against an empty handler on the same server stack (the floor of gRPC itself), with the
 //! ratio to the floor. Client and server share the machine.
 //!
-//! `cargo bench --features rls --bench rls` (about 20 s: 2 s per row; `RLS_BENCH_SECS` sets the
+//! `cargo bench --features rls --bench rls` (about 30 s: 2 s per row; `RLS_BENCH_SECS` sets the
 //! seconds per row). The Redis rows need `redis-server` on PATH (`scripts/ensure-redis.sh`); the
 //! bench starts its own on a free port and stops it.
 
