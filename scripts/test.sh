@@ -19,6 +19,7 @@ echo "== must-fail"; bash scripts/must-fail.sh
 echo "== fuzz";   bash scripts/fuzz.sh
 echo "== demo";   cargo run --release --features cli --quiet -- demo >/dev/null
 echo "== http";   bash scripts/http_curl.sh
+echo "== rls";    bash scripts/rls-conformance.sh   # grpcio + xds-protos against tollgate rls
 echo "== bench"   # the benches are a package of their own (benches/Cargo.toml)
 (cd benches && cargo bench --quiet --bench check -- --test)   # every criterion bench once
 (cd benches && TOLLGATE_BENCH=short cargo bench --quiet --bench throughput)   # the harness, short mode

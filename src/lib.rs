@@ -16,6 +16,8 @@ pub(crate) mod plan;
 pub(crate) mod quota;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "rls")]
+pub mod rls;
 pub(crate) mod stats;
 pub(crate) mod store;
 pub(crate) mod sweep;

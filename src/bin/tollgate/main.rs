@@ -18,6 +18,8 @@ use clap::{Parser, Subcommand};
 use counting_alloc::CountingAllocator;
 use tollgate::{Algorithm, Clock, Error, FakeClock, Limiter, Quota};
 
+#[cfg(feature = "rls")]
+mod rls;
 #[cfg(feature = "http")]
 mod serve;
 
@@ -85,6 +87,29 @@ enum Command {
         #[arg(long, value_name = "ADDRESS:PORT", default_value = "127.0.0.1:8080")]
         listen: String,
     },
+    /// Envoy's global rate limit service (needs `--features cli,rls`).
+    ///
+    /// Answers `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over gRPC (with
+    /// grpc.health.v1), and GET /healthcheck, POST /json, GET /metrics over HTTP, from
+    /// envoyproxy/ratelimit's YAML config (a file, or a directory of *.yaml / *.yml files),
+    /// reloaded within seconds of a change. Runs until SIGTERM or SIGINT.
+    Rls {
+        /// A YAML file, or a directory of them (one domain each).
+        #[arg(long, value_name = "PATH")]
+        config: std::path::PathBuf,
+        /// gRPC address.
+        #[arg(long, value_name = "ADDRESS:PORT", default_value = "0.0.0.0:8081")]
+        grpc: String,
+        /// HTTP address.
+        #[arg(long, value_name = "ADDRESS:PORT", default_value = "0.0.0.0:8080")]
+        http: String,
+        /// Share the limits with other instances through this Redis (`redis://host:6379/`).
+        #[arg(long, value_name = "URL")]
+        redis: Option<String>,
+        /// `exact` (one script per decision) or `synced` (local cells reconciled in rounds).
+        #[arg(long, value_name = "MODE", default_value = "exact")]
+        redis_mode: String,
+    },
 }
 
 /// Seconds from 0.001 to 600.
@@ -124,6 +149,13 @@ fn main() -> ExitCode {
         Command::Demo { plot, seconds } => demo(seconds, plot.as_deref()),
         Command::Bench { keys, seconds } => bench(keys, seconds),
         Command::Serve { config, listen } => serve(&config, &listen),
+        Command::Rls {
+            config,
+            grpc,
+            http,
+            redis,
+            redis_mode,
+        } => rls_command(config, grpc, http, redis, redis_mode),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -153,6 +185,36 @@ fn serve(config: &str, listen: &str) -> Result<(), Fail> {
 fn serve(_config: &str, _listen: &str) -> Result<(), Fail> {
     Err(Fail::Usage(
         "this build has no HTTP server: rebuild with `--features cli,http`".to_string(),
+    ))
+}
+
+#[cfg(feature = "rls")]
+fn rls_command(
+    config: std::path::PathBuf,
+    grpc: String,
+    http: String,
+    redis: Option<String>,
+    redis_mode: String,
+) -> Result<(), Fail> {
+    rls::rls(rls::RlsArgs {
+        config,
+        grpc,
+        http,
+        redis,
+        redis_mode,
+    })
+}
+
+#[cfg(not(feature = "rls"))]
+fn rls_command(
+    _config: std::path::PathBuf,
+    _grpc: String,
+    _http: String,
+    _redis: Option<String>,
+    _redis_mode: String,
+) -> Result<(), Fail> {
+    Err(Fail::Usage(
+        "this build has no rate limit service: rebuild with `--features cli,rls`".to_string(),
     ))
 }
 
