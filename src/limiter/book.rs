@@ -103,10 +103,34 @@ pub(crate) struct Words<const N: usize> {
     pub(crate) ids: [RuleId; N],
     pub(crate) rules: [Rule; N],
     pub(crate) headroom: u64,
-    /// The plan's strategy where it lets denials through (soft, shadow).
-    pub(crate) lenient: Option<Strategy>,
+    /// What the plan's strategy does with a denial.
+    pub(crate) lenient: Lenient,
     /// The plan's decision counts.
     pub(crate) counts: Counts,
+}
+
+/// What a short-path plan's strategy does with a denial: a byte beside the words, where the
+/// strategy itself is three words (a queue's delay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lenient {
+    /// Denies it.
+    Hard,
+    /// Lets it through as [`Strategy::Soft`] does.
+    Soft,
+    /// Lets it through as [`Strategy::Shadow`] does.
+    Shadow,
+}
+
+impl Lenient {
+    /// The strategy that lets a denial through, if any.
+    #[inline(always)]
+    pub(crate) fn strategy(self) -> Option<Strategy> {
+        match self {
+            Lenient::Hard => None,
+            Lenient::Soft => Some(Strategy::Soft),
+            Lenient::Shadow => Some(Strategy::Shadow),
+        }
+    }
 }
 
 impl<const N: usize> Words<N> {
@@ -118,8 +142,11 @@ impl<const N: usize> Words<N> {
             ids: std::array::from_fn(|i| plan.parts[i].id),
             rules: std::array::from_fn(|i| plan.parts[i].rule),
             headroom: plan.headroom,
-            lenient: matches!(plan.strategy, Strategy::Soft | Strategy::Shadow)
-                .then_some(plan.strategy),
+            lenient: match plan.strategy {
+                Strategy::Soft => Lenient::Soft,
+                Strategy::Shadow => Lenient::Shadow,
+                _ => Lenient::Hard,
+            },
             counts: plan.counts.clone(),
         })
     }

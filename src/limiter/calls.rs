@@ -78,7 +78,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
         // table-full denial and a blocked key's are decided on the general path.
         let count = if d.allowed {
             Count::Allowed
-        } else if let Some(strategy) = words.lenient {
+        } else if let Some(strategy) = words.lenient.strategy() {
             soften(strategy, &mut d);
             Count::of(&d)
         } else {

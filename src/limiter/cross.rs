@@ -4,7 +4,7 @@
 
 use std::hash::Hash;
 
-use super::book::{Book, Compiled, Short, Words};
+use super::book::{Book, Compiled, Lenient, Short, Words};
 use super::charge::{Call, Outcome, Undo};
 use super::engine::{Limits, Request, all_or_nothing};
 use super::{Limiter, Map, clamp_now, soften};
@@ -71,13 +71,7 @@ pub trait Part: sealed::Sealed {
     /// or not at all (the call failed). With `elsewhere`, what the part holds afterwards (see
     /// [`Decision::held`]), where it can be read here (not a plan gone, not exact mode).
     #[doc(hidden)]
-    fn undo_part(
-        &self,
-        undo: Option<Undo>,
-        shadowed: bool,
-        elsewhere: bool,
-        time: &mut Time,
-    ) -> Option<Decision>;
+    fn undo_part(&self, undo: Option<Undo>, elsewhere: bool, time: &mut Time) -> Option<Decision>;
 }
 
 impl<K, C> sealed::Sealed for Bound<'_, K, C> {}
@@ -95,16 +89,18 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         self.decide(cost, role, d, undo, time)
     }
 
-    fn undo_part(
-        &self,
-        undo: Option<Undo>,
-        shadowed: bool,
-        elsewhere: bool,
-        time: &mut Time,
-    ) -> Option<Decision> {
+    fn undo_part(&self, undo: Option<Undo>, elsewhere: bool, time: &mut Time) -> Option<Decision> {
         let l = self.limiter;
         let now = self.now(time);
-        let counted = if shadowed {
+        // An admission always leaves a refund record (a cost is at least 1): with none, the
+        // part passed in shadow mode, charging nothing.
+        let shadow = || {
+            l.book
+                .current()
+                .get(self.plan)
+                .is_ok_and(|p| p.strategy == Strategy::Shadow)
+        };
+        let counted = if undo.is_none() && shadow() {
             Count::ShadowPassed
         } else {
             Count::Allowed
@@ -176,9 +172,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
             now: self.now(time),
             cost,
         };
+        // A plan in shadow mode takes the general path, which lets its denials through.
         let done = match (&l.store, &plan.short) {
-            (Map::Flat(s), Short::One(words)) => self.short(s, words, req, role, d, undo),
-            (Map::Flat(s), Short::Two(words)) => self.short(s, words, req, role, d, undo),
+            (Map::Flat(s), Short::One(words)) if words.lenient != Lenient::Shadow => {
+                self.short(s, words, req, role, d, undo)
+            }
+            (Map::Flat(s), Short::Two(words)) if words.lenient != Lenient::Shadow => {
+                self.short(s, words, req, role, d, undo)
+            }
             _ => false,
         };
         if !done {
@@ -215,9 +216,6 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
             return false;
         };
         *d = c.decision;
-        if let Some(strategy) = words.lenient {
-            shadow_only(strategy, d);
-        }
         words.counts.count(Count::of(d), c.retries);
         *undo = Undo::of(d, req.hash, req.cost, resets, c.undo_tokens(words));
         true
@@ -348,9 +346,9 @@ pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
     /// Parts whose refund records live on the stack; more take one allocation.
     const ON_STACK: usize = 4;
     if parts.len() <= ON_STACK {
-        decide_all(parts, cost, [(None, false); ON_STACK])
+        decide_all(parts, cost, [None; ON_STACK])
     } else {
-        decide_all(parts, cost, vec![(None, false); parts.len()])
+        decide_all(parts, cost, vec![None; parts.len()])
     }
 }
 
@@ -359,7 +357,7 @@ pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
 fn decide_all(
     parts: &[&dyn Part],
     cost: u64,
-    undos: impl AsMut<[(Option<Undo>, bool)]>,
+    undos: impl AsMut<[Option<Undo>]>,
 ) -> Result<Decision, Error> {
     let mut all = Across {
         parts,
@@ -394,7 +392,7 @@ struct Across<'p, U> {
     reported: Decision,
 }
 
-impl<U: AsMut<[(Option<Undo>, bool)]>> Limits for Across<'_, U> {
+impl<U: AsMut<[Option<Undo>]>> Limits for Across<'_, U> {
     type Error = Error;
 
     #[inline(always)]
@@ -414,9 +412,9 @@ impl<U: AsMut<[(Option<Undo>, bool)]>> Limits for Across<'_, U> {
             }
             return Ok(d.allowed);
         }
-        let (undo, shadowed) = &mut self.undos.as_mut()[i];
+        let undo = &mut self.undos.as_mut()[i];
         part.charge_part(self.cost, false, &mut d, undo, &mut self.time)?;
-        *shadowed = d.reason == Reason::Shadow;
+
         if i == 0 {
             self.merged = d;
         } else {
@@ -430,8 +428,8 @@ impl<U: AsMut<[(Option<Undo>, bool)]>> Limits for Across<'_, U> {
     }
 
     fn refund(&mut self, i: usize, report: bool) {
-        let (undo, shadowed) = &mut self.undos.as_mut()[i];
-        let held = self.parts[i].undo_part(undo.take(), *shadowed, report, &mut self.time);
+        let undo = self.undos.as_mut()[i].take();
+        let held = self.parts[i].undo_part(undo, report, &mut self.time);
         if let Some(held) = held {
             self.reported.merge(&held);
         }

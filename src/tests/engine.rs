@@ -508,7 +508,7 @@ fn compound_refund_skips_a_recreated_entry() {
     assert!(d.is_allowed());
     assert!(per_user.reset(&1)); // e.g. LoginGuard::succeeded between charge and refund
     assert_eq!(per_user.check(&1).remaining(), 1); // the new incarnation
-    let _ = bound.undo_part(undo, false, false, &mut None);
+    let _ = bound.undo_part(undo, false, &mut None);
     assert!(per_user.check(&1).is_allowed());
     assert!(
         !per_user.check(&1).is_allowed(),
