@@ -213,6 +213,26 @@ fn config_too_large_values_name_the_maximum_as_written() {
             "{src}"
         );
     }
+    #[cfg(feature = "http")]
+    for (src, message) in [
+        (
+            "[plans.a]\nlimit = 1\nwindow = 60\n[http]\nmax_keys = 99999999999999999999\n",
+            format!(
+                "line 5: http.max_keys: 99999999999999999999 is too large (at most {})",
+                usize::MAX
+            ),
+        ),
+        (
+            "[plans.a]\nlimit = 1\nwindow = 60\n[http]\nmax_keys = 0\n",
+            "line 5: http.max_keys: must be at least 1, got 0".to_string(),
+        ),
+    ] {
+        assert_eq!(
+            crate::http::HttpConfig::parse(src).unwrap_err().to_string(),
+            message,
+            "{src}"
+        );
+    }
     // The largest accepted values are accepted.
     let edge = PlanConfig::parse(
         "[plans.a]\nlimit = 1000\nwindow = \"1us\"\n[plans.b]\nlimit = 1\nwindow = \"53375d\"\n[plans.c]\nlimit = 10\nwindow = 60\nheadroom = 9\n",

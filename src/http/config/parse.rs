@@ -89,7 +89,8 @@ struct RawHttp {
     ipv6_prefix: Option<Spanned<i64>>,
     on_bad_key: Option<Spanned<String>>,
     headers: Option<Spanned<String>>,
-    max_keys: Option<Spanned<i64>>,
+    // Wider than the table can be, so a too-large value is named with the maximum.
+    max_keys: Option<Spanned<i128>>,
     sweep_interval: Option<Spanned<String>>,
     api_keys: Option<Spanned<HashMap<String, String>>>,
     exempt: Option<Spanned<Vec<String>>>,
@@ -358,6 +359,13 @@ impl Ctx<'_> {
         if let Some(m) = raw.max_keys.take() {
             match usize::try_from(*m.get_ref()) {
                 Ok(n) if n >= 1 => c.max_keys = Some(n),
+                _ if *m.get_ref() >= 1 => {
+                    return self.err(
+                        m.span().start,
+                        "http.max_keys",
+                        format!("{} is too large (at most {})", m.get_ref(), usize::MAX),
+                    );
+                }
                 _ => {
                     return self.err(
                         m.span().start,
