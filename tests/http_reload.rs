@@ -112,10 +112,21 @@ async fn a_reload_keeps_what_clients_spent_and_puts_routes_keys_and_exemptions_i
         .unwrap_err()
         .to_string();
     assert!(err.contains("nope"), "{err}");
+    // A config with a raised limit refused for another field: the limit is still 5, not 50.
+    let raised = config(&AFTER.replace("limit = 5\n", "limit = 50\n"));
+    let err = handle
+        .reload(raised.api_key_header("no such header"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is not a header name"), "{err}");
     let r = get_req(&one, addr, "/", &[]).await;
     assert_eq!(
-        (r.status, r.num("x-ratelimit-remaining")),
-        (StatusCode::OK, 1)
+        (
+            r.status,
+            r.num("x-ratelimit-limit"),
+            r.num("x-ratelimit-remaining")
+        ),
+        (StatusCode::OK, 5, 1)
     );
     assert_eq!(
         get_req(&four, addr, "/api/x", &[]).await.status,

@@ -309,6 +309,11 @@ impl<C: Clock> RateLimitLayer<C> {
     /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn reload(&self, config: HttpConfig) -> Result<(), Error> {
+        // One reload at a time, from its plans to the last member brought up to date.
+        let family = Arc::clone(&self.shared.family);
+        let mut members = family
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let current = self.current();
         let old = &current.shared.core;
         config.validate()?;
@@ -328,15 +333,18 @@ impl<C: Clock> RateLimitLayer<C> {
             exposition: Arc::clone(&old.exposition),
             sweeper: old._sweeper.clone(),
         };
-        let core = Arc::new(Core::compile(config, kept)?);
-        // One reload at a time brings the whole family up to date: every `Shared` still held
-        // (by a handle, a router's service, a request in flight) is pointed at a new one with
-        // its hooks over the new core.
-        let mut members = current
-            .shared
-            .family
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let core = match Core::compile(config, kept) {
+            Ok(core) => Arc::new(core),
+            Err(e) => {
+                // The running config's plans back (plans only the new config named stay,
+                // unused): the running config is in effect as it was.
+                let running = old.config.limiter_plans();
+                limiter.set_plans(running.iter().map(|(n, p)| (n.as_str(), p.clone())))?;
+                return Err(e);
+            }
+        };
+        // Every `Shared` still held (by a handle, a router's service, a request in flight) is
+        // pointed at a new one with its hooks over the new core.
         let live: Vec<Arc<Shared<C>>> = members.iter().filter_map(|w| w.upgrade()).collect();
         members.clear();
         for member in live {
