@@ -6,60 +6,16 @@
 #![cfg(all(feature = "redis", feature = "http", feature = "cli"))]
 
 mod redis_support;
+mod serve_support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redis_support::{RedisCluster, RedisServer, free_port};
-
-/// A `tollgate serve` process, killed when dropped.
-struct Serve {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `tollgate serve` on `config`, and waits until it listens.
-fn serve(config: &std::path::Path) -> Serve {
-    let port = free_port(false);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start tollgate serve");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert!(line.contains("listening"), "tollgate serve said: {line}");
-    // Keep reading what it prints, so it never writes into a closed pipe.
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    Serve { child, port }
-}
+use redis_support::{RedisCluster, RedisServer};
+use serve_support::Serve;
 
 /// The status of `GET /` from 127.0.0.1 (one connection per request).
 fn status(port: u16) -> u16 {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    reply
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {reply:?}"))
+    serve_support::status(port, "/")
 }
 
 /// A config file for one plan of `limit` a minute keyed by IP, on Redis (`target`: the `url`
@@ -110,7 +66,7 @@ fn three_serve_processes_on_a_cluster() {
             "closed",
             mode,
         );
-        let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
+        let servers: Vec<Serve> = (0..3).map(|_| Serve::start(&cfg)).collect();
         let mut statuses = Vec::new();
         for i in 0..30 {
             statuses.push(status(servers[i % 3].port));
@@ -136,7 +92,7 @@ fn three_serve_processes_share_one_plan() {
     let redis = RedisServer::start();
     let dir = std::env::temp_dir();
     let cfg = config(&dir, "share", &url(&redis), 10, "closed", "synced");
-    let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
+    let servers: Vec<Serve> = (0..3).map(|_| Serve::start(&cfg)).collect();
     let mut admitted = 0;
     let mut statuses = Vec::new();
     for i in 0..30 {
@@ -161,7 +117,7 @@ fn three_serve_processes_in_exact_mode_admit_exactly_the_limit() {
     let redis = RedisServer::start();
     let dir = std::env::temp_dir();
     let cfg = config(&dir, "exact", &url(&redis), 10, "closed", "exact");
-    let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
+    let servers: Vec<Serve> = (0..3).map(|_| Serve::start(&cfg)).collect();
     let statuses: Vec<u16> = (0..30).map(|i| status(servers[i % 3].port)).collect();
     eprintln!("three serve processes, exact mode, 10 a minute by IP: {statuses:?}");
     let want: Vec<u16> = [vec![200; 10], vec![429; 20]].concat();
@@ -195,7 +151,7 @@ fn killing_redis_answers_by_each_policy() {
             policy,
             mode,
         );
-        let servers: Vec<Serve> = (0..3).map(|_| serve(&cfg)).collect();
+        let servers: Vec<Serve> = (0..3).map(|_| Serve::start(&cfg)).collect();
         for s in &servers {
             let _ = status(s.port);
         }
