@@ -119,6 +119,14 @@ async fn a_reload_keeps_what_clients_spent_and_puts_routes_keys_and_exemptions_i
         .unwrap_err()
         .to_string();
     assert!(err.contains("is not a header name"), "{err}");
+    // One refused only once its plans are in (more rules than the layer can number): the
+    // running plans are put back.
+    let mut crowded = config(&AFTER.replace("limit = 5\n", "limit = 50\n"));
+    for i in 0..=u16::MAX {
+        crowded = crowded.rule(Rule::route(format!("/r{i}"), "api"));
+    }
+    let err = handle.reload(crowded).unwrap_err().to_string();
+    assert!(err.contains("rules; at most 65535"), "{err}");
     let r = get_req(&one, addr, "/", &[]).await;
     assert_eq!(
         (
