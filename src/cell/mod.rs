@@ -246,14 +246,20 @@ pub(crate) fn apply_inline(
     }
     let (decision, retries) = match (rule.kind, mode) {
         // The check of the default algorithm (see `swap_then_decide`).
-        (Kind::Gcra, Mode::Check) => swap_then_decide(slot, word, |s| {
-            algo::gcra::decide(s, now, cost, rule, headroom)
-        })?,
+        (Kind::Gcra, Mode::Check) => swap_then_decide(
+            slot,
+            word,
+            #[inline(always)]
+            |s| algo::gcra::decide(s, now, cost, rule, headroom),
+        )?,
         // The fixed window's check, the same way: its decision is cheap enough to take twice,
         // and a loop that carries the whole decision costs more than taking it again.
-        (Kind::Fixed, Mode::Check) => swap_then_decide(slot, word, |s| {
-            algo::fixed::decide(s, now, cost, rule, headroom)
-        })?,
+        (Kind::Fixed, Mode::Check) => swap_then_decide(
+            slot,
+            word,
+            #[inline(always)]
+            |s| algo::fixed::decide(s, now, cost, rule, headroom),
+        )?,
         // The sliding counter's decision is dearer (a 128-by-64 division): taking it twice
         // costs more than the loop saves, so the loop keeps the whole decision, but on its own
         // arm, so that its step is the algorithm's decision alone, not `decide_word`'s match.

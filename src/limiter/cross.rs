@@ -8,13 +8,13 @@ use super::book::{Book, Compiled, Lenient, Short, Words};
 use super::charge::{Call, Outcome, Undo};
 use super::engine::{Limits, Request, all_or_nothing};
 use super::{Limiter, Map, clamp_now, soften};
-use crate::cell::Mode;
+use crate::cell::{self, Mode, WordCall};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::plan::{PlanId, Strategy};
+use crate::plan::{MAX_PARTS, PlanId, Strategy};
 use crate::stats::Count;
-use crate::store::{FlatStore, Full};
+use crate::store::{FlatStore, Full, Pending};
 
 /// A key bound to its limiter and plan: one part of a cross-key compound limit ([`check_all`]).
 pub struct Bound<'a, K, C> {
@@ -37,7 +37,8 @@ mod sealed {
 
 /// The clock reading parts of one call share: the [`Clock::shared_id`] of the clock it was
 /// read from, and the time.
-type Time = Option<(usize, u64)>;
+#[doc(hidden)]
+pub type Time = Option<(usize, u64)>;
 
 /// How a part takes part in a call (see [`Bound::decide`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -50,8 +51,84 @@ enum Role {
     Held,
 }
 
+/// A part of a [`check_all`] decided without writing anything ([`Part::decide_part`]): its
+/// state as read, what the call would do to it, and what writing it later needs.
+#[doc(hidden)]
+pub struct Decided<'a> {
+    pending: Pending<'a>,
+    words: &'a Words<1>,
+    req: Request,
+    /// The limiter's reset count when the state was read.
+    resets: u64,
+}
+
+impl std::fmt::Debug for Decided<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decided")
+            .field("req", &self.req)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Decided<'_> {
+    /// Charges the part, decided again on the word read (or on the word it holds then, where
+    /// it changed since): its decision, counted in its plan's stats, with its refund record
+    /// in `undo`. `None`, having written and counted nothing, when the state left its slot
+    /// meanwhile.
+    #[inline(always)]
+    fn commit(&self, undo: &mut Option<Undo>) -> Option<Decision> {
+        let Request { hash, now, cost } = self.req;
+        let words = self.words;
+        let call = WordCall {
+            rule: &words.rules[0],
+            now,
+            cost,
+            headroom: words.headroom,
+            token: true,
+        };
+        let a = self.pending.charge(&call)?;
+        let d = a.decision;
+        words.counts.count(Count::of(&d), a.retries);
+        let mut tokens = [None; MAX_PARTS];
+        tokens[0] = a.token.map(|t| (words.ids[0], t));
+        *undo = Undo::of(&d, hash, cost, self.resets, tokens);
+        Some(d)
+    }
+
+    /// The decision of `cost` units on the word read. An admission is decided again when it
+    /// is charged, on the word then (the same one, unless another call charged it meanwhile).
+    #[inline(always)]
+    fn decide(&self, cost: u64) -> Decision {
+        let words = self.words;
+        let (rule, headroom, now) = (&words.rules[0], words.headroom, self.req.now);
+        let step = cell::decide_word(self.pending.word(), now, cost, rule, headroom, Mode::Check);
+        step.decision
+    }
+
+    /// Drops what was decided because another part denied the call (counted as denied
+    /// elsewhere): what the part holds (see [`Decision::held`]).
+    #[inline(always)]
+    fn release(&self) -> Decision {
+        self.words.counts.count(Count::DeniedElsewhere, 0);
+        self.decide(0).held()
+    }
+}
+
 /// One part of a compound limit across keys: a [`Bound`] key. Sealed.
 pub trait Part: sealed::Sealed {
+    /// Decides the part for `cost` units without writing anything, where its plan and state
+    /// allow (a one-rule plan on the flat store, the key's state in the table, no penalty),
+    /// into `decided`, left `None` where it must be charged to be decided
+    /// ([`charge_part`](Self::charge_part)).
+    /// Counts nothing: a denial is counted by the caller, an admission when it is written or
+    /// dropped.
+    #[doc(hidden)]
+    fn decide_part<'s>(
+        &'s self,
+        cost: u64,
+        time: &mut Time,
+        decided: &mut Option<Decided<'s>>,
+    ) -> Result<(), Error>;
     /// Decides the part for `cost` units into `d`: charges it (counted in its plan's stats,
     /// with what a refund needs written into `undo`, left `None` when nothing stays charged),
     /// or with `peek` (another part denied the call) only decides it (nothing charged;
@@ -77,6 +154,45 @@ pub trait Part: sealed::Sealed {
 impl<K, C> sealed::Sealed for Bound<'_, K, C> {}
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, K, C> {
+    #[inline(always)]
+    fn decide_part<'s>(
+        &'s self,
+        cost: u64,
+        time: &mut Time,
+        decided: &mut Option<Decided<'s>>,
+    ) -> Result<(), Error> {
+        let l = self.limiter;
+        let plan = self.plan(Role::Charge, cost)?;
+        let (Map::Flat(s), Short::One(words)) = (&l.store, &plan.short) else {
+            return Ok(());
+        };
+        // A plan in shadow mode takes the general path, which lets its denials through.
+        if words.lenient == Lenient::Shadow {
+            return Ok(());
+        }
+        let hash = l.key_hash(self.key);
+        if l.penalties.maybe(hash) {
+            return Ok(());
+        }
+        let resets = l.resets();
+        let Some(pending) = s.pending(hash, words.ids[0]) else {
+            return Ok(());
+        };
+        // The clock read once the state is found: a part charged instead reads it itself.
+        let req = Request {
+            hash,
+            now: self.now(time),
+            cost,
+        };
+        *decided = Some(Decided {
+            pending,
+            words,
+            req,
+            resets,
+        });
+        Ok(())
+    }
+
     fn charge_part(
         &self,
         cost: u64,
@@ -144,6 +260,26 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
 
     /// The part's decision for `cost` units in `role` (see [`Part::charge_part`]), on the short
     /// path where the plan has one, else on the general path.
+    /// The part's plan, for a call in `role` of `cost` units: an error where the call cannot
+    /// be decided here (exact mode, a plan not the limiter's, a cost the plan cannot admit).
+    #[inline(always)]
+    fn plan(&self, role: Role, cost: u64) -> Result<&Compiled, Error> {
+        let l = self.limiter;
+        if l.backend.is_exact() {
+            return Err(Error::Config {
+                line: None,
+                message: "check_all: a limiter in Redis exact mode decides one script per plan, \
+                          not across limiters; use synced mode for check_all"
+                    .into(),
+            });
+        }
+        let plan = l.book.current().get(self.plan)?;
+        if role == Role::Charge {
+            plan.check_cost(cost)?;
+        }
+        Ok(plan)
+    }
+
     #[inline(always)]
     fn decide(
         &self,
@@ -154,19 +290,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         time: &mut Time,
     ) -> Result<(), Error> {
         let l = self.limiter;
-        if l.backend.is_exact() {
-            return Err(Error::Config {
-                line: None,
-                message: "check_all: a limiter in Redis exact mode decides one script per plan, \
-                          not across limiters; use synced mode for check_all"
-                    .into(),
-            });
-        }
+        let plan = self.plan(role, cost)?;
         let book = l.book.current();
-        let plan = book.get(self.plan)?;
-        if role == Role::Charge {
-            plan.check_cost(cost)?;
-        }
         let req = Request {
             hash: l.key_hash(self.key),
             now: self.now(time),
@@ -343,14 +468,17 @@ fn tokens_of<const N: usize>(words: &Words<N>, undo: &Undo) -> Option<[Option<u6
 /// assert_eq!(admitted, 3); // user 1: 2 of 3; user 2: 1 of 2, the global limit is spent
 /// ```
 pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
-    /// Parts whose refund records live on the stack; more take one allocation.
-    const ON_STACK: usize = 4;
+    // Parts whose refund records live on the stack; more take one allocation.
     if parts.len() <= ON_STACK {
         decide_all(parts, cost, [None; ON_STACK])
     } else {
         decide_all(parts, cost, vec![None; parts.len()])
     }
 }
+
+/// The parts of a [`check_all`] decided first, without writing ([`Limits::decide`]): the first
+/// ones.
+const ON_STACK: usize = 4;
 
 /// [`check_all`] with each part's refund record in `undos` (at least one per part).
 #[inline(always)]
@@ -363,10 +491,14 @@ fn decide_all(
         parts,
         cost,
         time: None,
+        decided: std::array::from_fn(|_| None),
         undos,
-        merged: Decision::denied(Reason::Limited, 0),
+        merged: Decision::NEUTRAL,
         reported: Decision::NEUTRAL,
     };
+    if parts.is_empty() {
+        return Ok(Decision::denied(Reason::Limited, 0));
+    }
     match all_or_nothing(&mut all)? {
         None => Ok(all.merged),
         Some(_) => {
@@ -384,12 +516,36 @@ struct Across<'p, U> {
     parts: &'p [&'p dyn Part],
     cost: u64,
     time: Time,
+    /// What [`Limits::decide`] decided for each of the first parts, until it is written or
+    /// dropped.
+    decided: [Option<Decided<'p>>; ON_STACK],
     undos: U,
     /// The charged parts' decisions merged (the call's decision when every part admits).
     merged: Decision,
     /// Every part's decision as a denial reports it: the refunded parts' holdings, the
     /// denying part's decision, the later parts' peeks.
     reported: Decision,
+}
+
+impl<U> Across<'_, U> {
+    /// Notes charged part `i`'s decision `d` in the merged one: whether it admitted.
+    #[inline(always)]
+    fn note(&mut self, i: usize, d: Decision) -> bool {
+        if i == 0 {
+            // The first part's decision is the base (an admission's reason is its reason),
+            // whatever order the parts were charged in.
+            let before = self.merged;
+            self.merged = d;
+            self.merged.merge(&before);
+        } else {
+            self.merged.merge(&d);
+        }
+        if !d.allowed {
+            // A denial's report starts from the denying part's decision.
+            self.reported = d;
+        }
+        d.allowed
+    }
 }
 
 impl<U: AsMut<[Option<Undo>]>> Limits for Across<'_, U> {
@@ -401,9 +557,44 @@ impl<U: AsMut<[Option<Undo>]>> Limits for Across<'_, U> {
     }
 
     #[inline(always)]
+    fn decide(&mut self, i: usize) -> Result<Option<bool>, Error> {
+        let Some(slot) = self.decided.get_mut(i) else {
+            return Ok(None);
+        };
+        self.parts[i].decide_part(self.cost, &mut self.time, slot)?;
+        let Some(decided) = slot else {
+            return Ok(None);
+        };
+        let d = decided.decide(self.cost);
+        if !d.allowed {
+            // A denial's report starts from the denying part's decision.
+            decided.words.counts.count(Count::of(&d), 0);
+            self.reported = d;
+            *slot = None;
+            return Ok(Some(false));
+        }
+        Ok(Some(true))
+    }
+
+    #[inline(always)]
+    fn release(&mut self, i: usize) {
+        if let Some(decided) = &self.decided[i] {
+            let held = decided.release();
+            self.reported.merge(&held);
+        }
+    }
+
+    #[inline(always)]
     fn charge(&mut self, i: usize, peek: bool) -> Result<bool, Error> {
         let part = self.parts[i];
         let mut d = Decision::NEUTRAL;
+        if !peek {
+            if let Some(Some(decided)) = self.decided.get(i) {
+                if let Some(d) = decided.commit(&mut self.undos.as_mut()[i]) {
+                    return Ok(self.note(i, d));
+                }
+            }
+        }
         if peek {
             // A part that cannot be peeked here (exact mode) is left out of the report.
             let peeked = part.charge_part(self.cost, true, &mut d, &mut None, &mut self.time);
@@ -414,17 +605,7 @@ impl<U: AsMut<[Option<Undo>]>> Limits for Across<'_, U> {
         }
         let undo = &mut self.undos.as_mut()[i];
         part.charge_part(self.cost, false, &mut d, undo, &mut self.time)?;
-
-        if i == 0 {
-            self.merged = d;
-        } else {
-            self.merged.merge(&d);
-        }
-        if !d.allowed {
-            // A denial's report starts from the denying part's decision.
-            self.reported = d;
-        }
-        Ok(d.allowed)
+        Ok(self.note(i, d))
     }
 
     fn refund(&mut self, i: usize, report: bool) {

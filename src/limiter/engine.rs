@@ -5,9 +5,13 @@
 //! compound plan on one key (the short path, [`InSlots`], and the general path, in
 //! `charge.rs`), the parts of a [`check_all`](super::check_all), and the HTTP layer's plan and
 //! rules. Each says how to charge, peek and refund one of its limits ([`Limits`]); the
-//! routine says what all or nothing means: limits are charged in order; at the first denial the
-//! limits charged before it are refunded (and report what they hold without the call) and those
-//! after it are only peeked, so the merged decision's `retry_after` is the moment the same call
+//! routine says what all or nothing means: limits are decided in order, each first without
+//! writing where it can ([`Limits::decide`]), and written only once every limit has admitted,
+//! so a call that one limit denies writes nothing and takes nothing back; a limit that must be
+//! charged to be decided (a new key, a penalty, a cell beside the table) is charged in order
+//! after the ones decided before it are written. At the first denial the limits before it
+//! report what they hold without the call (refunded, where they were charged) and those after
+//! it are only peeked, so the merged decision's `retry_after` is the moment the same call
 //! passes; a failure refunds everything charged. A new charge semantic is added here once.
 
 use std::hash::Hash;
@@ -18,7 +22,7 @@ use crate::cell::{self, Mode};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::plan::MAX_PARTS;
-use crate::store::{FlatStore, Kept, RuleId};
+use crate::store::{FlatStore, Kept, Pending, RuleId};
 
 /// The limits of one call, as [`all_or_nothing`] drives them. Limit `i` is charged at most once,
 /// refunded at most once after that, and a limit after a denial is only peeked.
@@ -27,51 +31,117 @@ pub(crate) trait Limits {
     type Error;
     /// How many limits.
     fn len(&self) -> usize;
-    /// Decides limit `i`: charges it, or with `peek` (a limit after a denial) only decides it.
-    /// Whether it admitted.
+    /// Decides limit `i` without writing anything, where it can: whether it would admit (what
+    /// it decided is kept for [`charge`](Self::charge) to write, or [`release`](Self::release)
+    /// to drop); `None` where it must be charged to be decided. Limits after a `None` are not
+    /// asked.
+    #[inline(always)]
+    fn decide(&mut self, _i: usize) -> Result<Option<bool>, Self::Error> {
+        Ok(None)
+    }
+    /// Drops what [`decide`](Self::decide) decided for limit `i` (an admission) because another
+    /// limit denied the call: nothing was written; its decision then says what it holds
+    /// ([`Decision::held`]).
+    fn release(&mut self, i: usize) {
+        self.refund(i, true);
+    }
+    /// Decides limit `i`: charges it (writes what [`decide`](Self::decide) decided, where it
+    /// did, decided again on the state as it is then if it changed meanwhile), or with `peek` (a
+    /// limit after a denial) only decides it. Whether it admitted.
     fn charge(&mut self, i: usize, peek: bool) -> Result<bool, Self::Error>;
     /// Takes back limit `i`'s charge, if it charged anything; with `report`, its decision then
     /// says what it holds without the call ([`Decision::held`]).
     fn refund(&mut self, i: usize, report: bool);
 }
 
-/// Charges `limits` in order, all or nothing: `Ok(None)` when every limit admitted (every one
-/// stays charged); `Ok(Some(i))` when limit `i` denied first (those after it are peeked, then
-/// those before it refunded: nothing stays charged); `Err` when a limit could not be decided
-/// (everything charged is refunded, as a failed call's).
+/// Charges `limits`, all or nothing: `Ok(None)` when every limit admitted (every one stays
+/// charged); `Ok(Some(i))` when limit `i` denied first (those after it are peeked, then those
+/// before it refunded or released: nothing stays charged); `Err` when a limit could not be
+/// decided (everything charged is refunded, as a failed call's).
+///
+/// Decided first, written after: every limit but the last is decided without writing where it
+/// can ([`Limits::decide`]); when all of them admit, the last is charged first and the others
+/// after it, so a denial by any of them leaves nothing to take back. From the first limit that
+/// must be charged to be decided, the limits are charged in order (the ones decided before it
+/// first).
 #[inline(always)]
 pub(crate) fn all_or_nothing<L: Limits + ?Sized>(
     limits: &mut L,
 ) -> Result<Option<usize>, L::Error> {
     let n = limits.len();
-    for i in 0..n {
+    let mut decided = 0;
+    while decided + 1 < n {
+        match limits.decide(decided)? {
+            Some(true) => decided += 1,
+            Some(false) => return denied_first(limits, decided, n).map(Some),
+            None => break,
+        }
+    }
+    // Where all the others were decided, the last is charged first: its denial leaves nothing
+    // to take back either.
+    let last = n > 1 && decided == n - 1;
+    if last {
+        match limits.charge(n - 1, false)? {
+            true => {}
+            false => {
+                for j in 0..n - 1 {
+                    limits.release(j);
+                }
+                return Ok(Some(n - 1));
+            }
+        }
+    }
+    // The rest in order (writing what was decided, deciding again where the state changed).
+    let rest = if last { n - 1 } else { n };
+    for i in 0..rest {
         match limits.charge(i, false) {
             Ok(true) => {}
             Ok(false) => {
                 // The limits after it first, so a failure among them still finds the limits
                 // before it charged, to refund as a failed call's.
-                for j in i + 1..n {
+                for j in i + 1..rest {
                     if let Err(e) = limits.charge(j, true) {
-                        for k in (0..i).rev() {
-                            limits.refund(k, false);
-                        }
+                        refund_charged(limits, i, last, false);
                         return Err(e);
                     }
                 }
-                for j in 0..i {
-                    limits.refund(j, true);
-                }
+                refund_charged(limits, i, last, true);
                 return Ok(Some(i));
             }
             Err(e) => {
-                for j in (0..i).rev() {
-                    limits.refund(j, false);
-                }
+                refund_charged(limits, i, last, false);
                 return Err(e);
             }
         }
     }
     Ok(None)
+}
+
+/// Refunds what [`all_or_nothing`] charged before limit `i` (with `last`, the last limit too,
+/// charged first), in the reverse order of the charges; with `report`, each refunded limit
+/// then reports what it holds.
+#[inline(always)]
+fn refund_charged<L: Limits + ?Sized>(limits: &mut L, i: usize, last: bool, report: bool) {
+    for j in (0..i).rev() {
+        limits.refund(j, report);
+    }
+    if last {
+        limits.refund(limits.len() - 1, report);
+    }
+}
+
+/// [`all_or_nothing`] where limit `i` denied when decided, with the ones before it decided
+/// and nothing written: those after it are peeked, those before it released. Returns `i`, or
+/// the error of a peek (nothing charged).
+#[inline(always)]
+fn denied_first<L: Limits + ?Sized>(limits: &mut L, i: usize, n: usize) -> Result<usize, L::Error> {
+    for j in i + 1..n {
+        limits.charge(j, true)?;
+    }
+    for j in 0..i {
+        limits.release(j);
+    }
+    Ok(i)
 }
 
 /// One call on the short path: the key's hash ([`Limiter::key_hash`]), the time and the cost.
@@ -116,6 +186,8 @@ struct InSlots<'a, K, const N: usize> {
     tokens: bool,
     /// Where each part's decision goes, for a caller that reports them.
     parts: Option<&'a mut [Decision; N]>,
+    /// Each part's state as [`Limits::decide`] read it (an admission, to be charged).
+    decided: [Option<Pending<'a>>; N],
     out: Charged<N>,
 }
 
@@ -124,15 +196,21 @@ struct InSlots<'a, K, const N: usize> {
 pub(crate) struct Missed;
 
 impl<K: Hash + Eq + Clone, const N: usize> InSlots<'_, K, N> {
-    /// Notes part `i`'s decision `d` in the merged one: `first` starts it anew (the first part
-    /// charged, or the denying part, whose decision a denial's report starts from).
+    /// Notes part `i`'s decision `d` in the merged one: `denied` starts it anew (a denial's
+    /// report starts from the denying part's decision); else it is merged in, with the first
+    /// part's decision as the base (an admission's reason is the first part's, whatever order
+    /// the parts were charged in).
     #[inline(always)]
-    fn note(&mut self, i: usize, d: &Decision, first: bool) {
+    fn note(&mut self, i: usize, d: &Decision, denied: bool) {
         if let Some(parts) = &mut self.parts {
             parts[i] = *d;
         }
-        if first {
+        if denied {
             self.out.decision = *d;
+        } else if i == 0 {
+            let before = self.out.decision;
+            self.out.decision = *d;
+            self.out.decision.merge(&before);
         } else {
             self.out.decision.merge(d);
         }
@@ -145,6 +223,33 @@ impl<K: Hash + Eq + Clone, const N: usize> Limits for InSlots<'_, K, N> {
     #[inline(always)]
     fn len(&self) -> usize {
         N
+    }
+
+    #[inline(always)]
+    fn decide(&mut self, i: usize) -> Result<Option<bool>, Missed> {
+        let Request { hash, now, cost } = self.req;
+        let pending = self.store.pending(hash, self.words.ids[i]).ok_or(Missed)?;
+        let (rule, headroom) = (&self.words.rules[i], self.words.headroom);
+        let step = cell::decide_word(pending.word(), now, cost, rule, headroom, Mode::Check);
+        if !step.decision.allowed {
+            // A denial's report starts from the denying part's decision.
+            self.note(i, &step.decision, true);
+            return Ok(Some(false));
+        }
+        // An admission is decided again when it is charged, on the word then (the same one,
+        // unless another call charged it meanwhile).
+        self.decided[i] = Some(pending);
+        Ok(Some(true))
+    }
+
+    #[inline(always)]
+    fn release(&mut self, i: usize) {
+        if let Some(pending) = self.decided[i].take() {
+            let (rule, headroom) = (&self.words.rules[i], self.words.headroom);
+            let now = self.req.now;
+            let step = cell::decide_word(pending.word(), now, 0, rule, headroom, Mode::Check);
+            self.note(i, &step.decision.held(), false);
+        }
     }
 
     #[inline(always)]
@@ -162,15 +267,16 @@ impl<K: Hash + Eq + Clone, const N: usize> Limits for InSlots<'_, K, N> {
             headroom: self.words.headroom,
             token: N > 1 || self.tokens,
         };
-        let a = self
-            .store
-            .charge_once(hash, self.words.ids[i], &call)
-            .ok_or(Missed)?;
+        let a = match &self.decided[i] {
+            Some(pending) => pending.charge(&call),
+            None => self.store.charge_once(hash, self.words.ids[i], &call),
+        }
+        .ok_or(Missed)?;
         self.out.tokens[i] = a.token;
         self.out.retries += a.retries;
         // A denial's report starts from the denying part's decision (the parts before it are
         // refunded and report again what they hold).
-        self.note(i, &a.decision, i == 0 || !a.decision.allowed);
+        self.note(i, &a.decision, !a.decision.allowed);
         Ok(a.decision.allowed)
     }
 
@@ -237,6 +343,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             req,
             tokens,
             parts,
+            decided: [None; N],
             out: Charged {
                 decision: Decision::NEUTRAL,
                 tokens: [None; N],
@@ -268,6 +375,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             req,
             tokens: true,
             parts: None,
+            decided: [None; N],
             out: Charged {
                 decision: Decision::NEUTRAL,
                 tokens,

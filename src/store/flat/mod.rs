@@ -107,7 +107,7 @@ use passes::Uncounts;
 
 #[cfg(test)]
 pub(crate) use testing::WrongPassCount;
-pub(crate) use word::Kept;
+pub(crate) use word::{Kept, Pending};
 
 /// Slots per probe group: 4 x 16 bytes, one 64-byte cache line.
 const GROUP: usize = 4;

@@ -8,6 +8,7 @@ use std::hash::Hash;
 use super::{FlatStore, Found};
 use crate::cell::{Applied, Inline, WordCall};
 use crate::store::{Fresh, Full, RuleId, rule_hash};
+use crate::sync::AtomicPair;
 
 /// How the store keeps a (key, rule) state, as one read found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,7 +22,48 @@ pub(crate) enum Kept {
     Absent,
 }
 
+/// A word state found and read, nothing written yet: a charge decided first and written once
+/// every limit of its call has admitted ([`FlatStore::pending`]), so that a call another limit
+/// denies writes nothing and takes nothing back.
+#[derive(Clone, Copy)]
+pub(crate) struct Pending<'a> {
+    slot: &'a AtomicPair,
+    tag: u64,
+    word: u64,
+}
+
+impl Pending<'_> {
+    /// The word read.
+    #[inline(always)]
+    pub(crate) fn word(&self) -> u64 {
+        self.word
+    }
+
+    /// Charges the state with `call`, deciding on [`word`](Self::word) (as
+    /// [`FlatStore::charge_once`] does on the word it finds), again on the word it holds then
+    /// where it changed since. `None` when the slot stopped being the key's (swept, reset,
+    /// evicted, moved): nothing was written.
+    #[inline(always)]
+    pub(crate) fn charge(&self, call: &WordCall<'_>) -> Option<Applied> {
+        let slot = Inline {
+            slot: self.slot,
+            tag: self.tag,
+        };
+        call.apply(&slot, self.word)
+    }
+}
+
 impl<K: Hash + Eq + Clone> FlatStore<K> {
+    /// The word state of (`key_hash`, `rule`), read to be decided on and charged later
+    /// ([`Pending::charge`]): `None` when it is not a word in the table. No lock, no write.
+    #[inline(always)]
+    pub(crate) fn pending(&self, key_hash: u64, rule: RuleId) -> Option<Pending<'_>> {
+        match self.find(rule_hash(key_hash, rule)) {
+            Found::Inline { slot, tag, word } => Some(Pending { slot, tag, word }),
+            Found::Spilled | Found::Absent => None,
+        }
+    }
+
     /// How (`key_hash`, `rule`)'s state is kept now. No lock, no write.
     #[inline(always)]
     pub(crate) fn kept(&self, key_hash: u64, rule: RuleId) -> Kept {
