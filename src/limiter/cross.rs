@@ -60,6 +60,8 @@ pub struct Decided<'a> {
     req: Request,
     /// The limiter's reset count when the state was read.
     resets: u64,
+    /// Once charged, the refund token of what the charge wrote.
+    token: Option<u64>,
 }
 
 impl std::fmt::Debug for Decided<'_> {
@@ -71,13 +73,13 @@ impl std::fmt::Debug for Decided<'_> {
 }
 
 impl Decided<'_> {
-    /// Charges the part, decided again on the word read (or on the word it holds then, where
-    /// it changed since): its decision, counted in its plan's stats, with its refund record
-    /// in `undo`. `None`, having written and counted nothing, when the state left its slot
-    /// meanwhile.
+    /// Charges the part, decided on the word read (or on the word it holds then, where it
+    /// changed since): its decision, counted in its plan's stats; what a refund needs is kept
+    /// ([`undo`](Self::undo)). `None`, having written and counted nothing, when the state left
+    /// its slot meanwhile.
     #[inline(always)]
-    fn commit(&self, undo: &mut Option<Undo>) -> Option<Decision> {
-        let Request { hash, now, cost } = self.req;
+    fn charge(&mut self) -> Option<Decision> {
+        let Request { now, cost, .. } = self.req;
         let words = self.words;
         let call = WordCall {
             rule: &words.rules[0],
@@ -89,10 +91,21 @@ impl Decided<'_> {
         let a = self.pending.charge(&call)?;
         let d = a.decision;
         words.counts.count(Count::of(&d), a.retries);
-        let mut tokens = [None; MAX_PARTS];
-        tokens[0] = a.token.map(|t| (words.ids[0], t));
-        *undo = Undo::of(&d, hash, cost, self.resets, tokens);
+        self.token = a.token.filter(|_| d.allowed);
         Some(d)
+    }
+
+    /// The refund record of the charge (`None`: nothing stays charged).
+    #[inline(always)]
+    fn undo(&self) -> Option<Undo> {
+        let mut tokens = [None; MAX_PARTS];
+        tokens[0] = Some((self.words.ids[0], self.token?));
+        Some(Undo {
+            hash: self.req.hash,
+            cost: self.req.cost,
+            resets: self.resets,
+            tokens,
+        })
     }
 
     /// The decision of `cost` units on the word read. An admission is decided again when it
@@ -116,16 +129,16 @@ impl Decided<'_> {
 
 /// One part of a compound limit across keys: a [`Bound`] key. Sealed.
 pub trait Part: sealed::Sealed {
-    /// Decides the part for `cost` units without writing anything, where its plan and state
-    /// allow (a one-rule plan on the flat store, the key's state in the table, no penalty),
-    /// into `decided`, left `None` where it must be charged to be decided
-    /// ([`charge_part`](Self::charge_part)).
-    /// Counts nothing: a denial is counted by the caller, an admission when it is written or
-    /// dropped.
+    /// Finds the part's state to be decided on for `cost` units and charged later, where its
+    /// plan and state allow (a one-rule plan on the flat store, the key's state in the table,
+    /// no penalty), into `decided`, left `None` where the general path decides
+    /// ([`charge_part`](Self::charge_part)). With `peek` (another part denied the call) the
+    /// cost is not checked against the plan. Writes and counts nothing.
     #[doc(hidden)]
     fn decide_part<'s>(
         &'s self,
         cost: u64,
+        peek: bool,
         time: &mut Time,
         decided: &mut Option<Decided<'s>>,
     ) -> Result<(), Error>;
@@ -158,11 +171,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
     fn decide_part<'s>(
         &'s self,
         cost: u64,
+        peek: bool,
         time: &mut Time,
         decided: &mut Option<Decided<'s>>,
     ) -> Result<(), Error> {
         let l = self.limiter;
-        let plan = self.plan(Role::Charge, cost)?;
+        let plan = self.plan(if peek { Role::Peek } else { Role::Charge }, cost)?;
         let (Map::Flat(s), Short::One(words)) = (&l.store, &plan.short) else {
             return Ok(());
         };
@@ -189,6 +203,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
             words,
             req,
             resets,
+            token: None,
         });
         Ok(())
     }
@@ -527,7 +542,24 @@ struct Across<'p, U> {
     reported: Decision,
 }
 
-impl<U> Across<'_, U> {
+impl<U: AsMut<[Option<Undo>]>> Across<'_, U> {
+    /// [`Limits::charge`] of part `i` on the general path (through [`Part::charge_part`]).
+    fn charge_general(&mut self, i: usize, peek: bool) -> Result<bool, Error> {
+        let part = self.parts[i];
+        let mut d = Decision::NEUTRAL;
+        if peek {
+            // A part that cannot be peeked here (exact mode) is left out of the report.
+            let peeked = part.charge_part(self.cost, true, &mut d, &mut None, &mut self.time);
+            if peeked.is_ok() {
+                self.reported.merge(&d);
+            }
+            return Ok(d.allowed);
+        }
+        let undo = &mut self.undos.as_mut()[i];
+        part.charge_part(self.cost, false, &mut d, undo, &mut self.time)?;
+        Ok(self.note(i, d))
+    }
+
     /// Notes charged part `i`'s decision `d` in the merged one: whether it admitted.
     #[inline(always)]
     fn note(&mut self, i: usize, d: Decision) -> bool {
@@ -561,7 +593,7 @@ impl<U: AsMut<[Option<Undo>]>> Limits for Across<'_, U> {
         let Some(slot) = self.decided.get_mut(i) else {
             return Ok(None);
         };
-        self.parts[i].decide_part(self.cost, &mut self.time, slot)?;
+        self.parts[i].decide_part(self.cost, false, &mut self.time, slot)?;
         let Some(decided) = slot else {
             return Ok(None);
         };
@@ -578,7 +610,7 @@ impl<U: AsMut<[Option<Undo>]>> Limits for Across<'_, U> {
 
     #[inline(always)]
     fn release(&mut self, i: usize) {
-        if let Some(decided) = &self.decided[i] {
+        if let Some(decided) = self.decided[i].take() {
             let held = decided.release();
             self.reported.merge(&held);
         }
@@ -586,30 +618,44 @@ impl<U: AsMut<[Option<Undo>]>> Limits for Across<'_, U> {
 
     #[inline(always)]
     fn charge(&mut self, i: usize, peek: bool) -> Result<bool, Error> {
-        let part = self.parts[i];
-        let mut d = Decision::NEUTRAL;
-        if !peek {
-            if let Some(Some(decided)) = self.decided.get(i) {
-                if let Some(d) = decided.commit(&mut self.undos.as_mut()[i]) {
-                    return Ok(self.note(i, d));
-                }
+        let Some(slot) = self.decided.get_mut(i) else {
+            return self.charge_general(i, peek);
+        };
+        // A part decided before is charged on what it read; any other is looked up now (a
+        // peek afresh, after another part's denial).
+        if slot.is_none() || peek {
+            let found = self.parts[i].decide_part(self.cost, peek, &mut self.time, slot);
+            if peek && found.is_err() {
+                *slot = None;
+            } else {
+                found?;
             }
         }
+        let Some(decided) = slot else {
+            return self.charge_general(i, peek);
+        };
         if peek {
-            // A part that cannot be peeked here (exact mode) is left out of the report.
-            let peeked = part.charge_part(self.cost, true, &mut d, &mut None, &mut self.time);
-            if peeked.is_ok() {
-                self.reported.merge(&d);
-            }
+            let d = decided.decide(self.cost);
+            decided.words.counts.count(Count::DeniedElsewhere, 0);
+            *slot = None;
+            self.reported.merge(&d);
             return Ok(d.allowed);
         }
-        let undo = &mut self.undos.as_mut()[i];
-        part.charge_part(self.cost, false, &mut d, undo, &mut self.time)?;
-        Ok(self.note(i, d))
+        match decided.charge() {
+            Some(d) => Ok(self.note(i, d)),
+            None => {
+                // The state left its slot: the general path charges it.
+                *slot = None;
+                self.charge_general(i, false)
+            }
+        }
     }
 
     fn refund(&mut self, i: usize, report: bool) {
-        let undo = self.undos.as_mut()[i].take();
+        let undo = match self.decided.get_mut(i).and_then(Option::take) {
+            Some(charged) => charged.undo(),
+            None => self.undos.as_mut()[i].take(),
+        };
         let held = self.parts[i].undo_part(undo, report, &mut self.time);
         if let Some(held) = held {
             self.reported.merge(&held);
