@@ -81,6 +81,15 @@ fn main() {
         for style in ["none", "github", "ietf", "both"] {
             apps.push((format!("with the layer, headers = {style}"), ours(style)));
         }
+        if let Ok(only) = std::env::var("TOLLGATE_HTTP_ONLY") {
+            // For a profile (`valgrind --tool=callgrind`): one run of the one app named.
+            let (_, app) = apps
+                .iter_mut()
+                .find(|(name, _)| name.contains(only.as_str()))
+                .expect("no such app");
+            black_box(run_once(app).await);
+            return;
+        }
         // Runs interleaved (each app once per round), so a slow spell of this shared machine
         // falls on every app alike; medians.
         let mut runs = vec![Vec::with_capacity(RUNS); apps.len()];

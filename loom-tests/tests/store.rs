@@ -138,6 +138,60 @@ fn compound_refund_against_check() {
     });
 }
 
+/// A compound charge whose states are in the table against a check that takes its first part's
+/// last unit: the compound call decides the first part, charges the second, then writes the
+/// first; when the check got there first, that write denies and the second part's charge is
+/// taken back. Exactly one of them gets the first part's unit, and the second part keeps its
+/// unit unless the compound call was admitted.
+#[test]
+fn compound_commit_race_against_check() {
+    model("flat: compound commit against check", || {
+        let clock = FakeClock::new();
+        let first = Quota::per_hour(1).burst(1);
+        let second = Quota::per_hour(2).burst(1);
+        let l = Arc::new(
+            Limiter::builder()
+                .plan("both", Plan::new([first, second]))
+                .plan("first", Plan::new([first]))
+                .plan("second", Plan::new([second]))
+                .store(StoreKind::Flat)
+                .shards(2)
+                .max_keys(4)
+                .clock(clock.clone())
+                .build()
+                .expect("valid model limiter"),
+        );
+        let (both, one, two) = (
+            l.plan("both").unwrap(),
+            l.plan("first").unwrap(),
+            l.plan("second").unwrap(),
+        );
+        // Both states in the table, each with its one unit (a reset takes the charges back
+        // and keeps the slots).
+        assert!(l.check_in(&7, both, 1).unwrap().is_allowed());
+        clock.advance(std::time::Duration::from_secs(3600));
+        assert!(l.peek_in(&7, both, 1).unwrap().is_allowed());
+        let compound = {
+            let l = l.clone();
+            thread::spawn(move || l.check_in(&7, both, 1).unwrap().is_allowed())
+        };
+        let checker = {
+            let l = l.clone();
+            thread::spawn(move || l.check_in(&7, one, 1).unwrap().is_allowed())
+        };
+        let (compound, checker) = (compound.join().unwrap(), checker.join().unwrap());
+        assert!(
+            compound != checker,
+            "one of them gets the first part's unit"
+        );
+        let second_left = l.peek_in(&7, two, 1).unwrap().is_allowed();
+        assert_eq!(
+            second_left, !compound,
+            "the second part holds only an admitted charge"
+        );
+    });
+}
+
 /// A reset against a check of the same key: the key ends tracked once at most, and the check
 /// was either forgotten with the reset or is still counted.
 #[test]
