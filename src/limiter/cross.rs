@@ -176,7 +176,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         decided: &mut Option<Decided<'s>>,
     ) -> Result<(), Error> {
         let l = self.limiter;
-        let plan = self.plan(if peek { Role::Peek } else { Role::Charge }, cost)?;
+        let (_, plan) = self.plan(if peek { Role::Peek } else { Role::Charge }, cost)?;
         let (Map::Flat(s), Short::One(words)) = (&l.store, &plan.short) else {
             return Ok(());
         };
@@ -273,12 +273,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         }
     }
 
-    /// The part's decision for `cost` units in `role` (see [`Part::charge_part`]), on the short
-    /// path where the plan has one, else on the general path.
-    /// The part's plan, for a call in `role` of `cost` units: an error where the call cannot
-    /// be decided here (exact mode, a plan not the limiter's, a cost the plan cannot admit).
+    /// The limiter's book and the part's plan in it, for a call in `role` of `cost` units: an
+    /// error where the call cannot be decided here (exact mode, a plan not the limiter's, a
+    /// cost the plan cannot admit).
     #[inline(always)]
-    fn plan(&self, role: Role, cost: u64) -> Result<&Compiled, Error> {
+    fn plan(&self, role: Role, cost: u64) -> Result<(&Book, &Compiled), Error> {
         let l = self.limiter;
         if l.backend.is_exact() {
             return Err(Error::Config {
@@ -288,13 +287,16 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
                     .into(),
             });
         }
-        let plan = l.book.current().get(self.plan)?;
+        let book = l.book.current();
+        let plan = book.get(self.plan)?;
         if role == Role::Charge {
             plan.check_cost(cost)?;
         }
-        Ok(plan)
+        Ok((book, plan))
     }
 
+    /// The part's decision for `cost` units in `role` (see [`Part::charge_part`]), on the short
+    /// path where the plan has one, else on the general path.
     #[inline(always)]
     fn decide(
         &self,
@@ -305,8 +307,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         time: &mut Time,
     ) -> Result<(), Error> {
         let l = self.limiter;
-        let plan = self.plan(role, cost)?;
-        let book = l.book.current();
+        let (book, plan) = self.plan(role, cost)?;
         let req = Request {
             hash: l.key_hash(self.key),
             now: self.now(time),
@@ -487,7 +488,9 @@ fn tokens_of<const N: usize>(words: &Words<N>, undo: &Undo) -> Option<[Option<u6
 /// assert_eq!(admitted, 3); // user 1: 2 of 3; user 2: 1 of 2, the global limit is spent
 /// ```
 pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
-    // Parts whose refund records live on the stack; more take one allocation.
+    if parts.is_empty() {
+        return Ok(Decision::denied(Reason::Limited, 0));
+    }
     if parts.len() <= ON_STACK {
         decide_all(parts, cost, [None; ON_STACK])
     } else {
@@ -495,8 +498,8 @@ pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
     }
 }
 
-/// The parts of a [`check_all`] decided first, without writing ([`Limits::decide`]): the first
-/// ones.
+/// The first parts of a [`check_all`], whose refund records live on the stack (more take one
+/// allocation) and which are decided before anything is written ([`Limits::decide`]).
 const ON_STACK: usize = 4;
 
 /// [`check_all`] with each part's refund record in `undos` (at least one per part).
@@ -515,9 +518,6 @@ fn decide_all(
         merged: Decision::NEUTRAL,
         reported: Decision::NEUTRAL,
     };
-    if parts.is_empty() {
-        return Ok(Decision::denied(Reason::Limited, 0));
-    }
     match all_or_nothing(&mut all)? {
         None => Ok(all.merged),
         Some(_) => {

@@ -5,14 +5,14 @@
 //! compound plan on one key (the short path, [`InSlots`], and the general path, in
 //! `charge.rs`), the parts of a [`check_all`](super::check_all), and the HTTP layer's plan and
 //! rules. Each says how to charge, peek and refund one of its limits ([`Limits`]); the
-//! routine says what all or nothing means: limits are decided in order, each first without
-//! writing where it can ([`Limits::decide`]), and written only once every limit has admitted,
-//! so a call that one limit denies writes nothing and takes nothing back; a limit that must be
-//! charged to be decided (a new key, a penalty, a cell beside the table) is charged in order
-//! after the ones decided before it are written. At the first denial the limits before it
-//! report what they hold without the call (refunded, where they were charged) and those after
-//! it are only peeked, so the merged decision's `retry_after` is the moment the same call
-//! passes; a failure refunds everything charged. A new charge semantic is added here once.
+//! routine says what all or nothing means: limits are decided in order, each without writing
+//! where it can ([`Limits::decide`]), and written only once every limit has admitted, so a call
+//! that one limit denies writes nothing and takes nothing back; a limit that must be charged to
+//! be decided (a new key, a penalty, a cell beside the table) is charged in order after the
+//! ones decided before it are written. At the first denial the limits before it report what
+//! they hold without the call (refunded, where they were charged) and those after it are only
+//! peeked, so the merged decision's `retry_after` is the moment the same call passes; a failure
+//! refunds everything charged. A new charge semantic is added here once.
 
 use std::hash::Hash;
 
@@ -41,10 +41,8 @@ pub(crate) trait Limits {
     }
     /// Drops what [`decide`](Self::decide) decided for limit `i` (an admission) because another
     /// limit denied the call: nothing was written; its decision then says what it holds
-    /// ([`Decision::held`]).
-    fn release(&mut self, i: usize) {
-        self.refund(i, true);
-    }
+    /// ([`Decision::held`]). Only called where `decide` answered.
+    fn release(&mut self, _i: usize) {}
     /// Decides limit `i`: charges it (writes what [`decide`](Self::decide) decided, where it
     /// did, decided again on the state as it is then if it changed meanwhile), or with `peek` (a
     /// limit after a denial) only decides it. Whether it admitted.
