@@ -469,10 +469,10 @@ fn tokens_of<const N: usize>(words: &Words<N>, undo: &Undo) -> Option<[Option<u6
 ///
 /// Parts are decided before anything is written: when a part denies, the others are left as
 /// they were, not charged and taken back (on the flat store, for the first four parts whose
-/// states are in the table). Where a part had to be charged first (a key's first call, a state
-/// beside the table, a race lost to another call), its refund follows the charge, so for that
-/// instant a concurrent request on the same key may be denied when it would otherwise pass
-/// (never admitted when it should not be).
+/// plans have one quota and whose states are in the table). Where a part had to be charged
+/// first (a key's first call, a state beside the table, a race lost to another call), its
+/// refund follows the charge, so for that instant a concurrent request on the same key may be
+/// denied when it would otherwise pass (never admitted when it should not be).
 ///
 /// ```
 /// use tollgate::{check_all, FakeClock, Limiter, Quota};
