@@ -1,6 +1,7 @@
 //! Models of the lock-free flat store's protocol, driven through the public `Limiter` API on a
 //! two-shard table: first insert of one key from two threads, check against sweep, a compound
-//! charge's refund against a check of its first part, and reset against insert.
+//! charge's refund against a check of its first part, a compound charge losing its write to a
+//! check, and reset against insert.
 //!
 //! Each model prints how many interleavings loom explored.
 
@@ -91,33 +92,35 @@ fn check_against_sweep() {
     });
 }
 
-/// A two-part compound charge that its second part denies (so its first part is charged, then
-/// refunded) racing a check of that first part alone under another plan: the compound is denied,
+/// A flat-store limiter with plan `both` of two quotas (each of burst 1, per hour and per two
+/// hours) and plans `first` and `second` of each alone (equal quotas share one state per key),
+/// and the three plans' ids.
+fn compound_limiter(clock: &FakeClock) -> (Arc<Limiter<u64, FakeClock>>, [tollgate::PlanId; 3]) {
+    let first = Quota::per_hour(1).burst(1);
+    let second = Quota::per_hour(2).burst(1);
+    let l = Limiter::builder()
+        .plan("both", Plan::new([first, second]))
+        .plan("first", Plan::new([first]))
+        .plan("second", Plan::new([second]))
+        .store(StoreKind::Flat)
+        .shards(2)
+        .max_keys(4)
+        .clock(clock.clone())
+        .build()
+        .expect("valid model limiter");
+    let ids = ["both", "first", "second"].map(|p| l.plan(p).unwrap());
+    (Arc::new(l), ids)
+}
+
+/// A two-part compound charge that its second part denies (its first part a new state, so
+/// charged, then refunded) racing a check of that first part alone under another plan: the compound is denied,
 /// and the first part's state ends holding exactly the other check's charge, if it was admitted
 /// (it may be denied while the compound's charge is in, never admitted twice).
 #[test]
 fn compound_refund_against_check() {
     model("flat: compound refund against check", || {
         let clock = FakeClock::new();
-        let first = Quota::per_hour(1).burst(1);
-        let second = Quota::per_hour(2).burst(1);
-        let l = Arc::new(
-            Limiter::builder()
-                .plan("both", Plan::new([first, second]))
-                .plan("first", Plan::new([first]))
-                .plan("second", Plan::new([second]))
-                .store(StoreKind::Flat)
-                .shards(2)
-                .max_keys(4)
-                .clock(clock.clone())
-                .build()
-                .expect("valid model limiter"),
-        );
-        let (both, one, two) = (
-            l.plan("both").unwrap(),
-            l.plan("first").unwrap(),
-            l.plan("second").unwrap(),
-        );
+        let (l, [both, one, two]) = compound_limiter(&clock);
         assert!(l.check_in(&7, two, 1).unwrap().is_allowed()); // the second part is spent
         assert!(l.peek_in(&7, one, 1).unwrap().is_allowed());
         let compound = {
@@ -147,25 +150,7 @@ fn compound_refund_against_check() {
 fn compound_commit_race_against_check() {
     model("flat: compound commit against check", || {
         let clock = FakeClock::new();
-        let first = Quota::per_hour(1).burst(1);
-        let second = Quota::per_hour(2).burst(1);
-        let l = Arc::new(
-            Limiter::builder()
-                .plan("both", Plan::new([first, second]))
-                .plan("first", Plan::new([first]))
-                .plan("second", Plan::new([second]))
-                .store(StoreKind::Flat)
-                .shards(2)
-                .max_keys(4)
-                .clock(clock.clone())
-                .build()
-                .expect("valid model limiter"),
-        );
-        let (both, one, two) = (
-            l.plan("both").unwrap(),
-            l.plan("first").unwrap(),
-            l.plan("second").unwrap(),
-        );
+        let (l, [both, one, two]) = compound_limiter(&clock);
         // Both states in the table, each with its one unit (a reset takes the charges back
         // and keeps the slots).
         assert!(l.check_in(&7, both, 1).unwrap().is_allowed());
