@@ -488,32 +488,35 @@ fn tokens_of<const N: usize>(words: &Words<N>, undo: &Undo) -> Option<[Option<u6
 /// assert_eq!(admitted, 3); // user 1: 2 of 3; user 2: 1 of 2, the global limit is spent
 /// ```
 pub fn check_all(parts: &[&dyn Part], cost: u64) -> Result<Decision, Error> {
-    if parts.is_empty() {
-        return Ok(Decision::denied(Reason::Limited, 0));
-    }
-    if parts.len() <= ON_STACK {
-        decide_all(parts, cost, [None; ON_STACK])
-    } else {
-        decide_all(parts, cost, vec![None; parts.len()])
+    // Up to four parts, the part count is a constant the engine's routine is specialised for,
+    // and the refund records live on the stack; more take one allocation.
+    match parts.len() {
+        0 => Ok(Decision::denied(Reason::Limited, 0)),
+        1 => decide_all::<_, 1>(parts, cost, [None; 1]),
+        2 => decide_all::<_, 2>(parts, cost, [None; 2]),
+        3 => decide_all::<_, 3>(parts, cost, [None; 3]),
+        4 => decide_all::<_, 4>(parts, cost, [None; 4]),
+        n => decide_all::<_, ON_STACK>(parts, cost, vec![None; n]),
     }
 }
 
-/// The first parts of a [`check_all`], whose refund records live on the stack (more take one
-/// allocation) and which are decided before anything is written ([`Limits::decide`]).
+/// The parts of a [`check_all`] of more than four parts that are decided before anything is
+/// written ([`Limits::decide`]): the first four.
 const ON_STACK: usize = 4;
 
-/// [`check_all`] with each part's refund record in `undos` (at least one per part).
+/// [`check_all`] with each part's refund record in `undos` (one per part); the first `N`
+/// parts (all of them, up to four) are decided before anything is written.
 #[inline(always)]
-fn decide_all(
+fn decide_all<U: AsMut<[Option<Undo>]> + AsRef<[Option<Undo>]>, const N: usize>(
     parts: &[&dyn Part],
     cost: u64,
-    undos: impl AsMut<[Option<Undo>]>,
+    undos: U,
 ) -> Result<Decision, Error> {
     let mut all = Across {
         parts,
         cost,
         time: None,
-        decided: std::array::from_fn(|_| None),
+        decided: std::array::from_fn::<_, N, _>(|_| None),
         undos,
         merged: Decision::NEUTRAL,
         reported: Decision::NEUTRAL,
@@ -531,13 +534,13 @@ fn decide_all(
 }
 
 /// The parts of a [`check_all`] as [`Limits`].
-struct Across<'p, U> {
+struct Across<'p, U, const N: usize> {
     parts: &'p [&'p dyn Part],
     cost: u64,
     time: Time,
     /// What [`Limits::decide`] decided for each of the first parts, until it is written or
     /// dropped.
-    decided: [Option<Decided<'p>>; ON_STACK],
+    decided: [Option<Decided<'p>>; N],
     undos: U,
     /// The charged parts' decisions merged (the call's decision when every part admits).
     merged: Decision,
@@ -546,7 +549,7 @@ struct Across<'p, U> {
     reported: Decision,
 }
 
-impl<U: AsMut<[Option<Undo>]>> Across<'_, U> {
+impl<U: AsMut<[Option<Undo>]>, const N: usize> Across<'_, U, N> {
     /// [`Limits::charge`] of part `i` on the general path (through [`Part::charge_part`]).
     fn charge_general(&mut self, i: usize, peek: bool) -> Result<bool, Error> {
         let part = self.parts[i];
@@ -584,12 +587,13 @@ impl<U: AsMut<[Option<Undo>]>> Across<'_, U> {
     }
 }
 
-impl<U: AsMut<[Option<Undo>]>> Limits for Across<'_, U> {
+impl<U: AsMut<[Option<Undo>]> + AsRef<[Option<Undo>]>, const N: usize> Limits for Across<'_, U, N> {
     type Error = Error;
 
     #[inline(always)]
     fn len(&self) -> usize {
-        self.parts.len()
+        // A constant for up to four parts (the refund records' array).
+        self.undos.as_ref().len()
     }
 
     #[inline(always)]
