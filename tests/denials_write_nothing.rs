@@ -145,3 +145,37 @@ fn a_compound_plan_denied_by_its_second_quota_never_shows_a_charge_on_its_first(
     assert!(limiter.check_in(&7, only_first, 1).unwrap().is_allowed());
     assert!(!limiter.check_in(&7, only_first, 1).unwrap().is_allowed());
 }
+
+/// More parts than the four decided on the stack: the fifth and sixth are charged in order and
+/// taken back when a later part denies; every part still holds exactly its own bound.
+#[test]
+fn check_all_of_six_parts_is_all_or_nothing() {
+    let clock = FakeClock::new();
+    // Part `i` holds `i + 2` units; part 5, the last, holds 2 of its own.
+    let limiters: Vec<Limiter<u64, FakeClock>> = (0..6u64)
+        .map(|i| {
+            Limiter::<u64>::builder()
+                .quota(Quota::per_hour(1).burst(if i == 5 { 2 } else { i + 3 }))
+                .clock(clock.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let keys: Vec<_> = limiters.iter().map(|l| l.key(&7)).collect();
+    let parts: Vec<&dyn tollgate::Part> = keys.iter().map(|k| k as &dyn tollgate::Part).collect();
+    let first = check_all(&parts, 1).unwrap();
+    assert!(first.is_allowed());
+    assert_eq!(first.remaining(), 1, "the last part, burst 2, binds");
+    assert!(check_all(&parts, 1).unwrap().is_allowed());
+    // The last part is spent: denied, and every other part keeps what the two calls left.
+    let denied = check_all(&parts, 1).unwrap();
+    assert!(!denied.is_allowed());
+    assert_eq!(denied.retry_after(), Duration::from_secs(3600));
+    for (i, l) in limiters.iter().enumerate().take(5) {
+        let burst = i as u64 + 3;
+        assert_eq!(l.peek(&7).remaining(), burst - 3, "part {i}");
+        assert_eq!(l.stats().allowed, 2, "part {i}");
+        assert_eq!(l.stats().denied_elsewhere, 1, "part {i}");
+    }
+    assert_eq!(limiters[5].stats().denied, 1);
+}
