@@ -6,15 +6,16 @@ use std::hash::Hash;
 
 use super::book::{Book, Compiled, Lenient, Short, Words};
 use super::charge::{Call, Outcome, Undo};
+use super::decided::{Decided, Time};
 use super::engine::{Limits, Request, all_or_nothing};
-use super::{Limiter, Map, clamp_now, soften};
-use crate::cell::{self, Mode, WordCall};
+use super::{Limiter, Map, soften};
+use crate::cell::Mode;
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
 use crate::error::Error;
-use crate::plan::{MAX_PARTS, PlanId, Strategy};
+use crate::plan::{PlanId, Strategy};
 use crate::stats::Count;
-use crate::store::{FlatStore, Full, Pending};
+use crate::store::{FlatStore, Full};
 
 /// A key bound to its limiter and plan: one part of a cross-key compound limit ([`check_all`]).
 pub struct Bound<'a, K, C> {
@@ -35,11 +36,6 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// The clock reading parts of one call share: the [`Clock::shared_id`] of the clock it was
-/// read from, and the time.
-#[doc(hidden)]
-pub type Time = Option<(usize, u64)>;
-
 /// How a part takes part in a call (see [`Bound::decide`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Role {
@@ -49,82 +45,6 @@ enum Role {
     Peek,
     /// What it holds (a peek of cost 0), counted nowhere.
     Held,
-}
-
-/// A part of a [`check_all`] decided without writing anything ([`Part::decide_part`]): its
-/// state as read, what the call would do to it, and what writing it later needs.
-#[doc(hidden)]
-pub struct Decided<'a> {
-    pending: Pending<'a>,
-    words: &'a Words<1>,
-    req: Request,
-    /// The limiter's reset count when the state was read.
-    resets: u64,
-    /// Once charged, the refund token of what the charge wrote.
-    token: Option<u64>,
-}
-
-impl std::fmt::Debug for Decided<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Decided")
-            .field("req", &self.req)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Decided<'_> {
-    /// Charges the part, decided on the word read (or on the word it holds then, where it
-    /// changed since): its decision, counted in its plan's stats; what a refund needs is kept
-    /// ([`undo`](Self::undo)). `None`, having written and counted nothing, when the state left
-    /// its slot meanwhile.
-    #[inline(always)]
-    fn charge(&mut self) -> Option<Decision> {
-        let Request { now, cost, .. } = self.req;
-        let words = self.words;
-        let call = WordCall {
-            rule: &words.rules[0],
-            now,
-            cost,
-            headroom: words.headroom,
-            token: true,
-        };
-        let a = self.pending.charge(&call)?;
-        let d = a.decision;
-        words.counts.count(Count::of(&d), a.retries);
-        self.token = a.token.filter(|_| d.allowed);
-        Some(d)
-    }
-
-    /// The refund record of the charge (`None`: nothing stays charged).
-    #[inline(always)]
-    fn undo(&self) -> Option<Undo> {
-        let mut tokens = [None; MAX_PARTS];
-        tokens[0] = Some((self.words.ids[0], self.token?));
-        Some(Undo {
-            hash: self.req.hash,
-            cost: self.req.cost,
-            resets: self.resets,
-            tokens,
-        })
-    }
-
-    /// The decision of `cost` units on the word read. An admission is decided again when it
-    /// is charged, on the word then (the same one, unless another call charged it meanwhile).
-    #[inline(always)]
-    fn decide(&self, cost: u64) -> Decision {
-        let words = self.words;
-        let (rule, headroom, now) = (&words.rules[0], words.headroom, self.req.now);
-        let step = cell::decide_word(self.pending.word(), now, cost, rule, headroom, Mode::Check);
-        step.decision
-    }
-
-    /// Drops what was decided because another part denied the call (counted as denied
-    /// elsewhere): what the part holds (see [`Decision::held`]).
-    #[inline(always)]
-    fn release(&self) -> Decision {
-        self.words.counts.count(Count::DeniedElsewhere, 0);
-        self.decide(0).held()
-    }
 }
 
 /// One part of a compound limit across keys: a [`Bound`] key. Sealed.
@@ -175,36 +95,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
         time: &mut Time,
         decided: &mut Option<Decided<'s>>,
     ) -> Result<(), Error> {
-        let l = self.limiter;
         let (_, plan) = self.plan(if peek { Role::Peek } else { Role::Charge }, cost)?;
-        let (Map::Flat(s), Short::One(words)) = (&l.store, &plan.short) else {
-            return Ok(());
-        };
-        // A plan in shadow mode takes the general path, which lets its denials through.
-        if words.lenient == Lenient::Shadow {
-            return Ok(());
-        }
-        let hash = l.key_hash(self.key);
-        if l.penalties.maybe(hash) {
-            return Ok(());
-        }
-        let resets = l.resets();
-        let Some(pending) = s.pending(hash, words.ids[0]) else {
-            return Ok(());
-        };
-        // The clock read once the state is found: a part charged instead reads it itself.
-        let req = Request {
-            hash,
-            now: self.now(time),
-            cost,
-        };
-        *decided = Some(Decided {
-            pending,
-            words,
-            req,
-            resets,
-            token: None,
-        });
+        // Strategies do not apply here but shadow mode, which the general path decides.
+        *decided = self.limiter.find_state(self.key, plan, cost, false, time);
         Ok(())
     }
 
@@ -261,16 +154,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
     /// (`time`), else this clock's own, which later parts of the same clock then share.
     #[inline(always)]
     fn now(&self, time: &mut Time) -> u64 {
-        let l = self.limiter;
-        let id = l.clock.shared_id();
-        match *time {
-            Some((shared, now)) if Some(shared) == id => now,
-            _ => {
-                let now = clamp_now(l.clock.now());
-                *time = id.map(|id| (id, now));
-                now
-            }
-        }
+        self.limiter.now_shared(time)
     }
 
     /// The limiter's book and the part's plan in it, for a call in `role` of `cost` units: an
@@ -608,7 +492,7 @@ impl<U: AsMut<[Option<Undo>]> + AsRef<[Option<Undo>]>, const N: usize> Limits fo
         let d = decided.decide(self.cost);
         if !d.allowed {
             // A denial's report starts from the denying part's decision.
-            decided.words.counts.count(Count::of(&d), 0);
+            decided.count_denial(&d);
             self.reported = d;
             *slot = None;
             return Ok(Some(false));
@@ -644,7 +528,7 @@ impl<U: AsMut<[Option<Undo>]> + AsRef<[Option<Undo>]>, const N: usize> Limits fo
         };
         if peek {
             let d = decided.decide(self.cost);
-            decided.words.counts.count(Count::DeniedElsewhere, 0);
+            decided.count_peek();
             *slot = None;
             self.reported.merge(&d);
             return Ok(d.allowed);

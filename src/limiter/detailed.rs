@@ -33,10 +33,16 @@ impl Detailed {
     /// A decision made elsewhere (Redis, exact mode) at `now`: one part, nothing to undo.
     #[cfg(feature = "redis")]
     pub(crate) fn external(decision: Decision, now: u64) -> Self {
+        Self::one(decision, None, now)
+    }
+
+    /// A one-part plan's decision at `now`, taken back with `undo` (where anything stays
+    /// charged).
+    pub(crate) fn one(decision: Decision, undo: Option<Undo>, now: u64) -> Self {
         Detailed {
             decision,
             more: None,
-            undo: None,
+            undo,
             now,
         }
     }

@@ -19,6 +19,7 @@ mod builder;
 mod calls;
 mod charge;
 mod cross;
+mod decided;
 #[cfg(feature = "http")]
 mod detailed;
 mod engine;
@@ -40,6 +41,8 @@ use std::time::Duration;
 pub use crate::plan::{MAX_PARTS, Plan, PlanId, Strategy};
 pub use builder::{Builder, MAX_SHARDS};
 pub use cross::{Bound, Part, check_all};
+#[cfg(feature = "http")]
+pub(crate) use decided::{Decided, Time};
 #[cfg(feature = "http")]
 pub(crate) use detailed::Detailed;
 #[cfg(feature = "http")]

@@ -15,7 +15,7 @@ use crate::http::config::HeaderStyle;
 use crate::http::grpc;
 use crate::http::keys::{ClientKey, KeyError};
 use crate::http::metrics::LimitLabels;
-use crate::limiter::{Detailed, Limiter, Limits, all_or_nothing};
+use crate::limiter::{Decided, Detailed, Limiter, Limits, Time, all_or_nothing};
 use crate::plan::PlanId;
 use crate::stats::Count;
 
@@ -292,21 +292,24 @@ impl<C: Clock> RateLimitLayer<C> {
             };
             todo[0] = Some((own, plan));
         }
+        let n = todo.len();
         let mut limits = RequestLimits {
             limiter: &core.limiter,
             cost,
+            time: None,
             todo,
-            checks: Checks::new(),
+            found: (0..n).map(|_| None).collect(),
+            checks: (0..n).map(|_| None).collect(),
         };
-        match all_or_nothing(&mut limits) {
-            Ok(None) => Verdict::Pass {
-                checks: limits.checks,
-            },
-            Ok(Some(at)) => Verdict::Deny {
-                checks: limits.checks,
-                at,
-                client,
-            },
+        let outcome = all_or_nothing(&mut limits);
+        // Every limit has its check once the routine answers (charged, peeked or released).
+        let mut checks = Checks::new();
+        for c in limits.checks.into_iter().flatten() {
+            checks.push(c);
+        }
+        match outcome {
+            Ok(None) => Verdict::Pass { checks },
+            Ok(Some(at)) => Verdict::Deny { checks, at, client },
             Err(e) => Verdict::Error(e),
         }
     }
@@ -385,14 +388,33 @@ pub(super) struct Passed {
 }
 
 /// The limits of one request (its plan, then each matching rule) as the engine's
-/// all-or-nothing routine drives them: each decided with [`Limiter::charge_detailed`] (so each
-/// reports its parts for the headers), in order, its check kept at its index.
+/// all-or-nothing routine drives them: a one-quota plan with no strategy on the flat store
+/// decided first and charged on the state it found ([`Limiter::find_in`]); any other limit
+/// with [`Limiter::charge_detailed`] (so each reports its parts for the headers). Each limit's
+/// check is kept at its index.
 struct RequestLimits<'a, C: Clock> {
     limiter: &'a Limiter<HttpKey, C>,
     cost: u64,
-    /// Each limit's key and plan, taken when it is decided.
+    /// The clock reading the limits share.
+    time: Time,
+    /// Each limit's key and plan, until its check takes them.
     todo: Vec<Option<(HttpKey, PlanId)>>,
-    checks: Checks,
+    /// Each limit's state as found to be decided first, until it is charged or released.
+    found: Vec<Option<Decided<'a>>>,
+    /// Each limit's check, once it is charged, peeked or released.
+    checks: Vec<Option<Check>>,
+}
+
+impl<C: Clock> RequestLimits<'_, C> {
+    /// Limit `i`'s check, with its key and plan, of `detailed`.
+    fn check(&mut self, i: usize, detailed: Detailed) {
+        let (key, plan) = self.todo[i].take().expect("each limit is decided once");
+        self.checks[i] = Some(Check {
+            key,
+            plan,
+            detailed,
+        });
+    }
 }
 
 impl<C: Clock> Limits for RequestLimits<'_, C> {
@@ -402,25 +424,59 @@ impl<C: Clock> Limits for RequestLimits<'_, C> {
         self.todo.len()
     }
 
+    fn decide(&mut self, i: usize) -> Result<Option<bool>, Error> {
+        let (key, plan) = self.todo[i].as_ref().expect("each limit is decided once");
+        let Some(found) = self
+            .limiter
+            .find_in(key, *plan, self.cost, &mut self.time)?
+        else {
+            return Ok(None);
+        };
+        let d = found.decide(self.cost);
+        if !d.is_allowed() {
+            found.count_denial(&d);
+            let now = found.now();
+            self.check(i, Detailed::one(d, None, now));
+            return Ok(Some(false));
+        }
+        self.found[i] = Some(found);
+        Ok(Some(true))
+    }
+
+    fn release(&mut self, i: usize) {
+        if let Some(found) = self.found[i].take() {
+            let held = found.release();
+            self.check(i, Detailed::one(held, None, found.now()));
+        }
+    }
+
     fn charge(&mut self, i: usize, peek: bool) -> Result<bool, Error> {
-        let (key, plan) = self.todo[i].take().expect("each limit is decided once");
+        if !peek {
+            if let Some(mut found) = self.found[i].take() {
+                if let Some(d) = found.charge() {
+                    let allowed = d.is_allowed();
+                    self.check(i, Detailed::one(d, found.undo(), found.now()));
+                    return Ok(allowed);
+                }
+                // The state left its slot: charged on the general path.
+            }
+        }
+        let (key, plan) = self.todo[i].as_ref().expect("each limit is decided once");
         let mode = if peek { Mode::Peek } else { Mode::Check };
-        let detailed = self.limiter.charge_detailed(&key, plan, self.cost, mode)?;
+        let detailed = self.limiter.charge_detailed(key, *plan, self.cost, mode)?;
         if peek {
             // Never charged: its plan counts the request as denied elsewhere.
-            self.limiter.recount(plan, None, true);
+            self.limiter.recount(*plan, None, true);
         }
         let allowed = detailed.decision.is_allowed();
-        self.checks.push(Check {
-            key,
-            plan,
-            detailed,
-        });
+        self.check(i, detailed);
         Ok(allowed)
     }
 
     fn refund(&mut self, i: usize, report: bool) {
-        let c = &mut self.checks[i];
+        let c = self.checks[i]
+            .as_mut()
+            .expect("a charged limit has its check");
         // The admission is counted as denied elsewhere (`report`), or nowhere (a failure).
         let counted = Count::of(&c.detailed.decision);
         self.limiter.recount(c.plan, Some(counted), report);
