@@ -115,7 +115,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
 
     fn undo_part(&self, undo: Option<Undo>, elsewhere: bool, time: &mut Time) -> Option<Decision> {
         let l = self.limiter;
-        let now = self.now(time);
+        let now = l.now_shared(time);
         // An admission always leaves a refund record (a cost is at least 1): with none, the
         // part passed in shadow mode, charging nothing.
         let shadow = || {
@@ -150,13 +150,6 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
-    /// The time this part decides at: the reading of an earlier part whose clock is this one
-    /// (`time`), else this clock's own, which later parts of the same clock then share.
-    #[inline(always)]
-    fn now(&self, time: &mut Time) -> u64 {
-        self.limiter.now_shared(time)
-    }
-
     /// The limiter's book and the part's plan in it, for a call in `role` of `cost` units: an
     /// error where the call cannot be decided here (exact mode, a plan not the limiter's, a
     /// cost the plan cannot admit).
@@ -194,7 +187,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Bound<'_, K, C> {
         let (book, plan) = self.plan(role, cost)?;
         let req = Request {
             hash: l.key_hash(self.key),
-            now: self.now(time),
+            now: l.now_shared(time),
             cost,
         };
         // A plan in shadow mode takes the general path, which lets its denials through.
@@ -489,7 +482,7 @@ impl<U: AsMut<[Option<Undo>]> + AsRef<[Option<Undo>]>, const N: usize> Limits fo
         let Some(decided) = slot else {
             return Ok(None);
         };
-        let d = decided.decide(self.cost);
+        let d = decided.decide();
         if !d.allowed {
             // A denial's report starts from the denying part's decision.
             decided.count_denial(&d);
@@ -527,7 +520,7 @@ impl<U: AsMut<[Option<Undo>]> + AsRef<[Option<Undo>]>, const N: usize> Limits fo
             return self.charge_general(i, peek);
         };
         if peek {
-            let d = decided.decide(self.cost);
+            let d = decided.decide();
             decided.count_peek();
             *slot = None;
             self.reported.merge(&d);

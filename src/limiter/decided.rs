@@ -43,10 +43,16 @@ impl std::fmt::Debug for Decided<'_> {
 }
 
 impl Decided<'_> {
-    /// The decision of `cost` units on the word read. An admission is decided again when it
-    /// is charged, on the word then (the same one, unless another call charged it meanwhile).
+    /// The call's decision on the word read. An admission is decided again when it is
+    /// charged, on the word then (the same one, unless another call charged it meanwhile).
     #[inline(always)]
-    pub(crate) fn decide(&self, cost: u64) -> Decision {
+    pub(crate) fn decide(&self) -> Decision {
+        self.decide_cost(self.req.cost)
+    }
+
+    /// The decision of `cost` units on the word read.
+    #[inline(always)]
+    fn decide_cost(&self, cost: u64) -> Decision {
         let words = self.words;
         let (rule, headroom, now) = (&words.rules[0], words.headroom, self.req.now);
         let step = cell::decide_word(self.pending.word(), now, cost, rule, headroom, Mode::Check);
@@ -105,7 +111,7 @@ impl Decided<'_> {
     #[inline(always)]
     pub(crate) fn release(&self) -> Decision {
         self.count_peek();
-        self.decide(0).held()
+        self.decide_cost(0).held()
     }
 
     /// The clock reading the limit was decided at.

@@ -264,8 +264,8 @@ impl<C: Clock> RateLimitLayer<C> {
         let method = parts.method.as_str();
         let path = parts.uri.path();
         let mut replaced = false;
-        let mut todo: Vec<Option<(HttpKey, PlanId)>> = Vec::with_capacity(1 + core.rules.len());
-        todo.push(None);
+        let mut limits: Vec<Limit> = Vec::with_capacity(1 + core.rules.len());
+        limits.push(Limit::Taken);
         for (i, r) in core.rules.iter().enumerate() {
             if !r.matches(method, path) {
                 continue;
@@ -280,32 +280,31 @@ impl<C: Clock> RateLimitLayer<C> {
                 },
             };
             let rule_plan = r.tiers.get(&plan).copied().unwrap_or(r.plan);
-            todo.push(Some((key, rule_plan)));
+            limits.push(Limit::Todo(key, rule_plan));
         }
         if replaced {
             // A matching rule replaces the client's plan on this path: only the rules apply.
-            todo.remove(0);
+            limits.remove(0);
         } else {
             let own = HttpKey {
                 rule: None,
                 client: client.clone(),
             };
-            todo[0] = Some((own, plan));
+            limits[0] = Limit::Todo(own, plan);
         }
-        let n = todo.len();
-        let mut limits = RequestLimits {
+        let mut request = RequestLimits {
             limiter: &core.limiter,
             cost,
             time: None,
-            todo,
-            found: (0..n).map(|_| None).collect(),
-            checks: (0..n).map(|_| None).collect(),
+            limits,
         };
-        let outcome = all_or_nothing(&mut limits);
+        let outcome = all_or_nothing(&mut request);
         // Every limit has its check once the routine answers (charged, peeked or released).
         let mut checks = Checks::new();
-        for c in limits.checks.into_iter().flatten() {
-            checks.push(c);
+        for limit in request.limits {
+            if let Limit::Done(c) = limit {
+                checks.push(c);
+            }
         }
         match outcome {
             Ok(None) => Verdict::Pass { checks },
@@ -397,19 +396,40 @@ struct RequestLimits<'a, C: Clock> {
     cost: u64,
     /// The clock reading the limits share.
     time: Time,
-    /// Each limit's key and plan, until its check takes them.
-    todo: Vec<Option<(HttpKey, PlanId)>>,
-    /// Each limit's state as found to be decided first, until it is charged or released.
-    found: Vec<Option<Decided<'a>>>,
-    /// Each limit's check, once it is charged, peeked or released.
-    checks: Vec<Option<Check>>,
+    /// Each limit, by index.
+    limits: Vec<Limit<'a>>,
+}
+
+/// One limit of a request as the routine drives it.
+enum Limit<'a> {
+    /// Its key and plan, not decided yet.
+    Todo(HttpKey, PlanId),
+    /// Decided first, on the state found: to be charged or released.
+    Found(HttpKey, PlanId, Decided<'a>),
+    /// Charged, peeked or released: its check.
+    Done(Check),
+    /// Moving from one of these to the next.
+    Taken,
+}
+
+impl Limit<'_> {
+    /// The limit's key and plan, while it has no check.
+    fn key_plan(&self) -> (&HttpKey, PlanId) {
+        match self {
+            Limit::Todo(key, plan) | Limit::Found(key, plan, _) => (key, *plan),
+            Limit::Done(_) | Limit::Taken => unreachable!("each limit is decided once"),
+        }
+    }
 }
 
 impl<C: Clock> RequestLimits<'_, C> {
     /// Limit `i`'s check, with its key and plan, of `detailed`.
     fn check(&mut self, i: usize, detailed: Detailed) {
-        let (key, plan) = self.todo[i].take().expect("each limit is decided once");
-        self.checks[i] = Some(Check {
+        let (key, plan) = match std::mem::replace(&mut self.limits[i], Limit::Taken) {
+            Limit::Todo(key, plan) | Limit::Found(key, plan, _) => (key, plan),
+            Limit::Done(_) | Limit::Taken => unreachable!("each limit is decided once"),
+        };
+        self.limits[i] = Limit::Done(Check {
             key,
             plan,
             detailed,
@@ -421,52 +441,49 @@ impl<C: Clock> Limits for RequestLimits<'_, C> {
     type Error = Error;
 
     fn len(&self) -> usize {
-        self.todo.len()
+        self.limits.len()
     }
 
     fn decide(&mut self, i: usize) -> Result<Option<bool>, Error> {
-        let (key, plan) = self.todo[i].as_ref().expect("each limit is decided once");
-        let Some(found) = self
-            .limiter
-            .find_in(key, *plan, self.cost, &mut self.time)?
-        else {
+        let (key, plan) = self.limits[i].key_plan();
+        let Some(found) = self.limiter.find_in(key, plan, self.cost, &mut self.time)? else {
             return Ok(None);
         };
-        let d = found.decide(self.cost);
+        let d = found.decide();
         if !d.is_allowed() {
             found.count_denial(&d);
-            let now = found.now();
-            self.check(i, Detailed::one(d, None, now));
+            self.check(i, Detailed::one(d, None, found.now()));
             return Ok(Some(false));
         }
-        self.found[i] = Some(found);
+        let Limit::Todo(key, plan) = std::mem::replace(&mut self.limits[i], Limit::Taken) else {
+            unreachable!("a limit is decided before anything else");
+        };
+        self.limits[i] = Limit::Found(key, plan, found);
         Ok(Some(true))
     }
 
     fn release(&mut self, i: usize) {
-        if let Some(found) = self.found[i].take() {
-            let held = found.release();
-            self.check(i, Detailed::one(held, None, found.now()));
+        if let Limit::Found(_, _, found) = &self.limits[i] {
+            let detailed = Detailed::one(found.release(), None, found.now());
+            self.check(i, detailed);
         }
     }
 
     fn charge(&mut self, i: usize, peek: bool) -> Result<bool, Error> {
-        if !peek {
-            if let Some(mut found) = self.found[i].take() {
-                if let Some(d) = found.charge() {
-                    let allowed = d.is_allowed();
-                    self.check(i, Detailed::one(d, found.undo(), found.now()));
-                    return Ok(allowed);
-                }
-                // The state left its slot: charged on the general path.
+        if let (false, Limit::Found(_, _, found)) = (peek, &mut self.limits[i]) {
+            if let Some(d) = found.charge() {
+                let detailed = Detailed::one(d, found.undo(), found.now());
+                self.check(i, detailed);
+                return Ok(d.is_allowed());
             }
+            // The state left its slot: charged on the general path.
         }
-        let (key, plan) = self.todo[i].as_ref().expect("each limit is decided once");
+        let (key, plan) = self.limits[i].key_plan();
         let mode = if peek { Mode::Peek } else { Mode::Check };
-        let detailed = self.limiter.charge_detailed(key, *plan, self.cost, mode)?;
+        let detailed = self.limiter.charge_detailed(key, plan, self.cost, mode)?;
         if peek {
             // Never charged: its plan counts the request as denied elsewhere.
-            self.limiter.recount(*plan, None, true);
+            self.limiter.recount(plan, None, true);
         }
         let allowed = detailed.decision.is_allowed();
         self.check(i, detailed);
@@ -474,9 +491,9 @@ impl<C: Clock> Limits for RequestLimits<'_, C> {
     }
 
     fn refund(&mut self, i: usize, report: bool) {
-        let c = self.checks[i]
-            .as_mut()
-            .expect("a charged limit has its check");
+        let Limit::Done(c) = &mut self.limits[i] else {
+            unreachable!("a charged limit has its check");
+        };
         // The admission is counted as denied elsewhere (`report`), or nowhere (a failure).
         let counted = Count::of(&c.detailed.decision);
         self.limiter.recount(c.plan, Some(counted), report);
