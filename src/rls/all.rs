@@ -27,6 +27,7 @@ impl RlsService {
             .collect();
         let parts: Vec<&dyn Part> = bound.iter().map(|b| b as &dyn Part).collect();
         let allowed = parts.is_empty() || check_all(&parts, hits).is_ok_and(|d| d.is_allowed());
+        let unix_s = self.unix_s();
         matched
             .iter()
             .map(|m| {
@@ -52,7 +53,10 @@ impl RlsService {
                 } else {
                     left.min(u64::from(u32::MAX))
                 };
-                Some((status_of(&m.limit, over, remaining as u32), !allowed))
+                Some((
+                    status_of(&m.limit, over, remaining as u32, unix_s),
+                    !allowed,
+                ))
             })
             .collect()
     }

@@ -488,18 +488,13 @@ impl Ctx<'_> {
         }
         let algorithm = match &rl.algorithm {
             None => None,
-            Some(name) => Some(
-                Algorithm::ALL
-                    .into_iter()
-                    .find(|a| a.name() == name)
-                    .ok_or_else(|| {
-                        let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-                        (self.err)(
-                            &format!("{at}.algorithm"),
-                            format!("unknown algorithm '{name}' (one of: {})", names.join(", ")),
-                        )
-                    })?,
-            ),
+            Some(name) => Some(Algorithm::from_name(name).ok_or_else(|| {
+                let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                (self.err)(
+                    &format!("{at}.algorithm"),
+                    format!("unknown algorithm '{name}' (one of: {})", names.join(", ")),
+                )
+            })?),
         };
         if rl.burst == Some(0) {
             return Err((self.err)(

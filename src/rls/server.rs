@@ -14,6 +14,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
 use super::json::{parse_request, response_json};
 use super::service::RlsService;
 
@@ -69,7 +71,7 @@ async fn json(State(s): State<Arc<RlsService>>, body: Bytes) -> Response {
     match s.decide(&req).await {
         Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
         Ok(resp) => {
-            let status = if resp.overall_code == 2 {
+            let status = if resp.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
                 StatusCode::OK

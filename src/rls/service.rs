@@ -10,9 +10,9 @@
 //! Every answer — codes, `limit_remaining`, the stats — is then upstream's, including a
 //! `hits_addend` of 0 (OVER_LIMIT only once a request went over).
 
+use crate::clock::Clock;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
@@ -460,15 +460,15 @@ impl RlsService {
         let limit = &m.limit;
         let l = u64::from(limit.requests_per_unit);
         let plan = m.plan.unwrap_or_else(|| active.plans[&limit.full_key]);
-        let key = m.key.clone();
+        let key = &m.key;
         let (before, over, remaining) = if limit.algorithm.is_none() {
-            self.count_fixed(&key, plan, l, hits).await
+            self.count_fixed(key, plan, l, hits).await
         } else {
-            self.count_engine(&key, plan, l, hits).await
+            self.count_engine(key, plan, l, hits).await
         };
         self.count_stats(m, Charge { before, hits, over });
         let over = over && !limit.shadow_mode;
-        (status_of(limit, over, remaining), over)
+        (status_of(limit, over, remaining, self.unix_s()), over)
     }
 
     /// Counts hits that another descriptor's denial kept from being charged (total only).
@@ -574,8 +574,15 @@ impl RlsService {
     }
 }
 
-/// A descriptor's status under `limit`: `over` (shadow mode already applied), what is left.
-pub(crate) fn status_of(limit: &RateLimit, over: bool, remaining: u32) -> DescriptorStatus {
+/// A descriptor's status under `limit`: `over` (shadow mode already applied), what is left;
+/// `unix_s` is the time in Unix seconds, by the limiter's clock (the one its windows are
+/// aligned to).
+pub(crate) fn status_of(
+    limit: &RateLimit,
+    over: bool,
+    remaining: u32,
+    unix_s: u64,
+) -> DescriptorStatus {
     let period = limit.period().as_secs();
     DescriptorStatus {
         code: if over { Code::OverLimit } else { Code::Ok } as i32,
@@ -586,18 +593,19 @@ pub(crate) fn status_of(limit: &RateLimit, over: bool, remaining: u32) -> Descri
         }),
         limit_remaining: remaining,
         duration_until_reset: Some(PbDuration {
-            seconds: (period - unix_now().as_secs() % period) as i64,
+            seconds: (period - unix_s % period) as i64,
             nanos: 0,
         }),
         ..Default::default()
     }
 }
 
-/// Wall-clock time since the Unix epoch (windows and resets are aligned to it).
-fn unix_now() -> Duration {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
+impl RlsService {
+    /// The time in Unix seconds by the limiter's clock (no system call).
+    pub(crate) fn unix_s(&self) -> u64 {
+        let clock = self.limiter.clock();
+        clock.unix_epoch_ns().saturating_add(clock.now()) / 1_000_000_000
+    }
 }
 
 #[cfg(test)]

@@ -174,18 +174,22 @@ async fn watch_config(path: PathBuf, service: Arc<RlsService>, mut stop: watch::
 }
 
 fn reload(path: &Path, service: &RlsService, sources: &[(String, String)]) {
-    let result = RlsConfig::from_sources(sources).and_then(|c| {
-        let domains = c.domains();
-        service.reload(c).map(|()| domains)
-    });
+    // A config the engine refuses is counted by `reload`; one that does not parse, here.
+    let result = match RlsConfig::from_sources(sources) {
+        Ok(c) => {
+            let domains = c.domains();
+            service.reload(c).map(|()| domains)
+        }
+        Err(e) => {
+            service.note_load_error();
+            Err(e)
+        }
+    };
     match result {
         Ok(domains) => eprintln!(
             "tollgate rls: reloaded {}: domains {domains:?}",
             path.display()
         ),
-        Err(e) => {
-            service.note_load_error();
-            eprintln!("tollgate rls: keeping the previous config: {e}");
-        }
+        Err(e) => eprintln!("tollgate rls: keeping the previous config: {e}"),
     }
 }
