@@ -108,10 +108,12 @@ where
         // The inner service is called here, while it is ready, on every path but the boxed
         // ones; those take the ready service along and leave a clone for the next
         // `poll_ready` (the usual tower pattern).
-        let inner = &mut self.inner;
-        // The layer as the newest reload left it (this service's own unless one happened).
-        let refreshed = self.layer.refreshed();
-        let layer = refreshed.as_ref().unwrap_or(&self.layer);
+        // The layer as the newest reload left it, kept: this service looks it up once per
+        // reload (a clone of a stale service, as axum makes per request, once per request).
+        if let Some(newer) = self.layer.refreshed() {
+            self.layer = newer;
+        }
+        let (inner, layer) = (&mut self.inner, &self.layer);
         if let Some((key, plan)) = layer.plain_key(req.headers(), req.extensions()) {
             // The common request (see `plain_key`): decided from its head as it is.
             layer.shared.core.counters.request();
