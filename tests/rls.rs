@@ -385,6 +385,48 @@ async fn a_descriptor_limit_override() {
     assert_eq!(status(&r, 0), (OK, 0, 0));
 }
 
+/// Override rates are capped: a client cycling through distinct rates cannot take the quotas
+/// the config's reloads need; a rate seen before keeps working past the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_override_rates_are_capped_and_reloads_still_work() {
+    use tollgate::rls::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let service = Arc::new(RlsService::new(config(SEMANTICS)).unwrap());
+    let mut c = connect(serve_in_process(service.clone()).await).await;
+    let with_rate = |n: u32| {
+        let mut d = desc(&[("custom", "x")], None);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: n,
+            unit: 3, // HOUR
+        });
+        request("api", vec![d], 0)
+    };
+    for n in 1..=64 {
+        let r = c.should_rate_limit(with_rate(n)).await.unwrap().into_inner();
+        assert_eq!(status(&r, 0).0, OK, "rate {n}");
+    }
+    let refused = c.should_rate_limit(with_rate(65)).await.unwrap_err();
+    assert!(
+        refused.message().contains("too many distinct limit override rates"),
+        "{refused:?}"
+    );
+    // A rate already taken is still served.
+    let r = c.should_rate_limit(with_rate(7)).await.unwrap().into_inner();
+    assert_eq!(status(&r, 0).0, OK);
+    // A reload with quotas the limiter never had still finds room for them.
+    let reloaded: String = (0..100)
+        .map(|i| format!("  - key: k{i}\n    rate_limit: {{unit: hour, requests_per_unit: {}}}\n", 1000 + i))
+        .collect();
+    service
+        .reload(config(&format!("domain: api\ndescriptors:\n{reloaded}")))
+        .unwrap();
+    let r = c
+        .should_rate_limit(request("api", vec![desc(&[("k99", "v")], Some(1))], 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status(&r, 0), (OK, 1099, 1098));
+}
+
 /// The extra `check_all: true`: a request's descriptors pass together or nothing is charged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_all_charges_every_descriptor_or_none() {

@@ -52,6 +52,14 @@ impl std::fmt::Display for RequestError {
 
 impl std::error::Error for RequestError {}
 
+/// The name prefix of a limit override's engine plan (one per override rate).
+const OVERRIDE: &str = "(override)#";
+
+/// The most distinct override rates the service takes: each holds one of the limiter's
+/// [`MAX_RULES`](crate::store::MAX_RULES) quotas (256) for its life, and the rest stay for
+/// the config's reloads.
+const MAX_OVERRIDE_RATES: usize = 64;
+
 /// The configuration in force and the engine plan of each of its limits.
 #[derive(Debug)]
 pub(crate) struct Active {
@@ -433,12 +441,21 @@ impl RlsService {
             ));
         }
         let q = quota_of(&limit).expect("a limited override");
-        let name = format!("(override)#{}/{}s", q.limit(), q.period().as_secs());
+        let name = format!("{OVERRIDE}{}/{}s", q.limit(), q.period().as_secs());
         let plan = {
             let mut quotas = lock(&self.quotas);
             match quotas.get(&name) {
                 Some(&(_, id)) => id,
                 None => {
+                    // Each rate takes one of the limiter's quotas for good: clients' overrides
+                    // may not take the ones the config's reloads need.
+                    let rates = quotas.keys().filter(|n| n.starts_with(OVERRIDE)).count();
+                    if rates >= MAX_OVERRIDE_RATES {
+                        return Err(RequestError(
+                            "too many distinct limit override rates (at most 64 over the \
+                             service's life)",
+                        ));
+                    }
                     let id = self.limiter.set_plan(&name, Plan::new([q])).map_err(|_| {
                         RequestError("the descriptor's limit override is too large")
                     })?;

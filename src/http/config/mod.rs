@@ -583,6 +583,13 @@ impl HttpConfig {
         if self.plans.is_empty() {
             return Err(Error::NoQuota);
         }
+        if self.rules.len() > usize::from(u16::MAX) {
+            // A rule's index is kept in 16 bits.
+            return Err(Error::Config {
+                line: None,
+                message: format!("http: {} rules; at most {}", self.rules.len(), u16::MAX),
+            });
+        }
         if let Some(d) = &self.default_plan {
             known(d, "http.default_plan".into())?;
         }

@@ -262,12 +262,7 @@ fn compile_rules(
     id: &impl Fn(&str) -> Result<PlanId, Error>,
     labels: &mut LimitLabels,
 ) -> Result<Vec<CompiledRule>, Error> {
-    if config.rules.len() > usize::from(u16::MAX) {
-        return Err(Error::Config {
-            line: None,
-            message: format!("http: {} rules; at most {}", config.rules.len(), u16::MAX),
-        });
-    }
+    // At most u16::MAX rules: `HttpConfig::validate`.
     let mut rules = Vec::new();
     for (r, path) in config.rules.iter().zip(paths) {
         // A rule in shadow mode charges its plans' shadow twins.
