@@ -23,6 +23,8 @@ use tollgate::{Algorithm, Clock, Error, FakeClock, Limiter, Quota};
 mod rls;
 #[cfg(feature = "http")]
 mod serve;
+#[cfg(any(feature = "http", feature = "rls"))]
+mod watch;
 
 /// Live heap bytes, for the demo's "bytes per key" column.
 #[global_allocator]

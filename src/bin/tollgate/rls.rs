@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::watch;
 use tollgate::redis::RedisConfig;
@@ -13,9 +12,6 @@ use tollgate::rls::{
 };
 
 use crate::Fail;
-
-/// How often the config path is read for changes.
-const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The command's options.
 pub(crate) struct RlsArgs {
@@ -103,7 +99,7 @@ async fn run(
         service.config().domains()
     );
     let signals = async move {
-        wait_for_signal().await;
+        crate::watch::stop_signal().await;
         eprintln!("tollgate rls: shutting down (answering requests in flight)");
         service.set_serving(false);
         for name in [GRPC_SERVICE_NAME, ""] {
@@ -125,52 +121,20 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
+/// Reloads `service` from `path` whenever what it names changes (see [`watch::watch`]); a
+/// config that cannot be read or loaded is counted and logged, and the running one kept.
+async fn watch_config(path: PathBuf, service: Arc<RlsService>, stop: watch::Receiver<bool>) {
+    let dir = path.clone();
+    // Compared as read: a failure that repeats is logged once.
+    let read = move || read_sources(&dir).map_err(|e| e.to_string());
+    let changed = |now: &Result<Vec<(String, String)>, String>, _asked: bool| match now {
+        Ok(sources) => reload(&path, &service, sources),
+        Err(e) => {
+            service.note_load_error();
+            eprintln!("tollgate rls: keeping the previous config: {e}");
         }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
-/// Reads the config path every [`WATCH_INTERVAL`]; a change (a file edited in place, replaced
-/// by a rename, added or removed) is loaded, and a bad one is logged and left out.
-async fn watch_config(path: PathBuf, service: Arc<RlsService>, mut stop: watch::Receiver<bool>) {
-    let mut last = read_sources(&path).ok();
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(WATCH_INTERVAL) => {}
-            _ = stop.changed() => return,
-        }
-        let p = path.clone();
-        let Ok(now) = tokio::task::spawn_blocking(move || read_sources(&p)).await else {
-            continue;
-        };
-        match now {
-            Ok(sources) if last.as_ref() == Some(&sources) => {}
-            Ok(sources) => {
-                reload(&path, &service, &sources);
-                last = Some(sources);
-            }
-            Err(e) => {
-                if last.is_some() {
-                    service.note_load_error();
-                    eprintln!("tollgate rls: keeping the previous config: {e}");
-                }
-                last = None;
-            }
-        }
-    }
+    };
+    crate::watch::watch(read, false, changed, stopped(stop)).await;
 }
 
 fn reload(path: &Path, service: &RlsService, sources: &[(String, String)]) {

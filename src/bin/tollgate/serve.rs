@@ -4,17 +4,13 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Path;
 use axum::routing::{any, get, post};
 use tollgate::http::{HttpConfig, RateLimitLayer};
 
-use crate::Fail;
-
-/// How often the config file is looked at for a change.
-const WATCH_EVERY: Duration = Duration::from_secs(1);
+use crate::{Fail, watch};
 
 /// Serves until the process is interrupted or terminated (one runtime thread: a demo, not a
 /// production server); requests in flight are answered first.
@@ -47,7 +43,7 @@ pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
             .local_addr()
             .map_err(|e| Fail::Run(format!("cannot read the bound address: {e}")))?;
         let metrics = layer.clone();
-        tokio::spawn(watch(path, layer.clone()));
+        tokio::spawn(watch_config(path, layer.clone()));
         let app = Router::new()
             .route("/", get(|| async { "hello from tollgate\n" }))
             .route("/login", post(|| async { "login attempt recorded\n" }))
@@ -77,7 +73,7 @@ pub(crate) fn serve(config: &str, listen: &str) -> Result<(), Fail> {
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),
         )
-        .with_graceful_shutdown(stop())
+        .with_graceful_shutdown(watch::stop_signal())
         .await
         .map_err(|e| Fail::Run(format!("server error: {e}")))
     })
@@ -90,51 +86,31 @@ fn warn(layer: &RateLimitLayer) {
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-async fn stop() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async {
-            match term.as_mut() {
-                Some(term) => { term.recv().await; }
-                None => std::future::pending::<()>().await,
-            }
-        } => {}
-    }
-}
-
-/// Reloads `layer` from `path` on SIGHUP and whenever the file's contents change (a file
-/// modified in place or replaced by a rename alike), keeping every unchanged limit's state. A
-/// file that cannot be read or is not a valid config leaves the running config in place, and
-/// says why on stderr.
-async fn watch(path: PathBuf, layer: RateLimitLayer) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hup = signal(SignalKind::hangup()).ok();
-    let mut seen = std::fs::read(&path).ok();
-    let mut tick = tokio::time::interval(WATCH_EVERY);
-    loop {
-        let asked = tokio::select! {
-            _ = tick.tick() => false,
-            Some(()) = async {
-                match hup.as_mut() {
-                    Some(hup) => hup.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => true,
-        };
-        let now = std::fs::read(&path).ok();
-        if !asked && now == seen {
-            continue;
-        }
-        seen = now;
-        let shown = path.display();
-        match HttpConfig::from_file(&path).and_then(|config| layer.reload(config)) {
+/// Reloads `layer` from `path` on SIGHUP and whenever the file's contents change (see
+/// [`watch::watch`]), keeping every unchanged limit's state. A file that cannot be read or is
+/// not a valid config leaves the running config in place, and says why on stderr.
+async fn watch_config(path: PathBuf, layer: RateLimitLayer) {
+    let file = path.clone();
+    let read = move || {
+        std::fs::read_to_string(&file).map_err(|e| format!("cannot read it: {e}"))
+    };
+    let shown = path.display();
+    let reload = |text: &Result<String, String>, _asked: bool| {
+        let reloaded = text
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|text| {
+                HttpConfig::parse(text)
+                    .and_then(|config| layer.reload(config))
+                    .map_err(|e| e.to_string())
+            });
+        match reloaded {
             Ok(()) => {
                 eprintln!("tollgate serve: reloaded '{shown}'");
                 warn(&layer);
             }
             Err(e) => eprintln!("tollgate serve: kept the running config; '{shown}': {e}"),
         }
-    }
+    };
+    watch::watch(read, true, reload, std::future::pending()).await;
 }
