@@ -119,8 +119,8 @@ async fn a_reload_keeps_what_clients_spent_and_puts_routes_keys_and_exemptions_i
         .unwrap_err()
         .to_string();
     assert!(err.contains("is not a header name"), "{err}");
-    // One refused only once its plans are in (more rules than the layer can number): the
-    // running plans are put back.
+    // More rules than the layer can number: refused with the rest of the checks, before any
+    // plan changes.
     let mut crowded = config(&AFTER.replace("limit = 5\n", "limit = 50\n"));
     for i in 0..=u16::MAX {
         crowded = crowded.rule(Rule::route(format!("/r{i}"), "api"));

@@ -135,23 +135,19 @@ impl<C: Clock> RateLimitLayer<C> {
         let core = &self.shared.core;
         match verdict {
             Verdict::Pass { checks } => {
-                if checks
-                    .iter()
-                    .any(|c| c.detailed.decision.reason() == Reason::SoftLimit)
-                {
+                let (mut soft, mut shadow, mut delay) = (false, false, 0);
+                for c in checks.iter() {
+                    let d = &c.detailed.decision;
+                    soft |= d.reason() == Reason::SoftLimit;
+                    shadow |= d.reason() == Reason::Shadow;
+                    delay = delay.max(d.delay_ns());
+                }
+                if soft {
                     core.counters.soft_passed();
                 }
-                if checks
-                    .iter()
-                    .any(|c| c.detailed.decision.reason() == Reason::Shadow)
-                {
+                if shadow {
                     core.counters.shadow_passed();
                 }
-                let delay = checks
-                    .iter()
-                    .map(|c| c.detailed.decision.delay_ns())
-                    .max()
-                    .unwrap_or(0);
                 if delay > 0 {
                     core.counters.queued(delay);
                 }
