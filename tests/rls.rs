@@ -401,20 +401,35 @@ async fn distinct_override_rates_are_capped_and_reloads_still_work() {
         request("api", vec![d], 0)
     };
     for n in 1..=64 {
-        let r = c.should_rate_limit(with_rate(n)).await.unwrap().into_inner();
+        let r = c
+            .should_rate_limit(with_rate(n))
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(status(&r, 0).0, OK, "rate {n}");
     }
     let refused = c.should_rate_limit(with_rate(65)).await.unwrap_err();
     assert!(
-        refused.message().contains("too many distinct limit override rates"),
+        refused
+            .message()
+            .contains("too many distinct limit override rates"),
         "{refused:?}"
     );
     // A rate already taken is still served.
-    let r = c.should_rate_limit(with_rate(7)).await.unwrap().into_inner();
+    let r = c
+        .should_rate_limit(with_rate(7))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(status(&r, 0).0, OK);
     // A reload with quotas the limiter never had still finds room for them.
     let reloaded: String = (0..100)
-        .map(|i| format!("  - key: k{i}\n    rate_limit: {{unit: hour, requests_per_unit: {}}}\n", 1000 + i))
+        .map(|i| {
+            format!(
+                "  - key: k{i}\n    rate_limit: {{unit: hour, requests_per_unit: {}}}\n",
+                1000 + i
+            )
+        })
         .collect();
     service
         .reload(config(&format!("domain: api\ndescriptors:\n{reloaded}")))

@@ -91,19 +91,14 @@ fn warn(layer: &RateLimitLayer) {
 /// not a valid config leaves the running config in place, and says why on stderr.
 async fn watch_config(path: PathBuf, layer: RateLimitLayer) {
     let file = path.clone();
-    let read = move || {
-        std::fs::read_to_string(&file).map_err(|e| format!("cannot read it: {e}"))
-    };
+    let read = move || std::fs::read_to_string(&file).map_err(|e| format!("cannot read it: {e}"));
     let shown = path.display();
     let reload = |text: &Result<String, String>, _asked: bool| {
-        let reloaded = text
-            .as_ref()
-            .map_err(Clone::clone)
-            .and_then(|text| {
-                HttpConfig::parse(text)
-                    .and_then(|config| layer.reload(config))
-                    .map_err(|e| e.to_string())
-            });
+        let reloaded = text.as_ref().map_err(Clone::clone).and_then(|text| {
+            HttpConfig::parse(text)
+                .and_then(|config| layer.reload(config))
+                .map_err(|e| e.to_string())
+        });
         match reloaded {
             Ok(()) => {
                 eprintln!("tollgate serve: reloaded '{shown}'");
