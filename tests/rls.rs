@@ -422,8 +422,9 @@ async fn distinct_override_rates_are_capped_and_reloads_still_work() {
         .unwrap()
         .into_inner();
     assert_eq!(status(&r, 0).0, OK);
-    // A reload with quotas the limiter never had still finds room for them.
-    let reloaded: String = (0..100)
+    // A reload with as many quotas as the limiter has room for beside the config's and the
+    // overrides' (256 in its life) still finds room for them.
+    let reloaded: String = (0..185)
         .map(|i| {
             format!(
                 "  - key: k{i}\n    rate_limit: {{unit: hour, requests_per_unit: {}}}\n",
@@ -435,11 +436,56 @@ async fn distinct_override_rates_are_capped_and_reloads_still_work() {
         .reload(config(&format!("domain: api\ndescriptors:\n{reloaded}")))
         .unwrap();
     let r = c
-        .should_rate_limit(request("api", vec![desc(&[("k99", "v")], Some(1))], 0))
+        .should_rate_limit(request("api", vec![desc(&[("k184", "v")], Some(1))], 0))
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(status(&r, 0), (OK, 1099, 1098));
+    assert_eq!(status(&r, 0), (OK, 1184, 1183));
+}
+
+/// Stats keys that requests name (here a limit override's, one per descriptor value) are
+/// capped: past 4096 of them a new one's hits count under its domain's `stats_overflow` key,
+/// while the config's own keys go on counting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_keys_named_by_clients_are_capped() {
+    use tollgate::rls::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let service = Arc::new(RlsService::new(config(SEMANTICS)).unwrap());
+    let mut c = connect(serve_in_process(service.clone()).await).await;
+    let with_value = |v: &str| {
+        let mut d = desc(&[("custom", v)], None);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: 3, // HOUR
+        });
+        request("api", vec![d], 0)
+    };
+    for i in 0..4100 {
+        let r = c
+            .should_rate_limit(with_value(&format!("v{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(status(&r, 0), (OK, 5, 4), "value {i}");
+    }
+    assert_eq!(service.stats_of("api.custom_v4095"), Some([1, 1, 0, 0, 0]));
+    assert_eq!(service.stats_of("api.custom_v4096"), None);
+    assert_eq!(
+        service.stats_of("api.stats_overflow"),
+        Some([4, 4, 0, 0, 0])
+    );
+    // A key of the config's own limits still gets its own row.
+    let r = c
+        .should_rate_limit(request("api", vec![desc(&[("tenant", "a")], None)], 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status(&r, 0), (OK, 10, 9));
+    assert_eq!(service.stats_of("api.tenant"), Some([1, 1, 0, 0, 0]));
+    assert!(
+        service
+            .metrics_text()
+            .contains("key1=\"stats_overflow\"} 4")
+    );
 }
 
 /// The extra `check_all: true`: a request's descriptors pass together or nothing is charged.

@@ -22,6 +22,15 @@ pub(crate) struct Matched {
     pub(crate) plan: Option<crate::PlanId>,
 }
 
+impl Matched {
+    /// Whether the stats key carries values the request chose (a limit override's own key, a
+    /// `detailed_metric` or `value_to_metric` key): keys of the config's limits alone are
+    /// bounded by the config.
+    pub(crate) fn stats_by_client(&self) -> bool {
+        self.plan.is_some() || self.stat_key != self.limit.full_key
+    }
+}
+
 /// The engine key of `entries` in `domain` (as [`RlsConfig::get_limit`] builds it for entries
 /// that no `share_threshold` folds).
 pub(crate) fn plain_key(domain: &str, entries: &[Entry<'_>]) -> String {

@@ -456,8 +456,12 @@ impl RlsService {
                              service's life)",
                         ));
                     }
-                    let id = self.limiter.set_plan(&name, Plan::new([q])).map_err(|_| {
+                    // A quota the engine takes (not too large), then the room for it.
+                    Limiter::<u64>::builder().quota(q).build().map_err(|_| {
                         RequestError("the descriptor's limit override is too large")
+                    })?;
+                    let id = self.limiter.set_plan(&name, Plan::new([q])).map_err(|_| {
+                        RequestError("no room for another limit override rate in the limiter")
                     })?;
                     quotas.insert(name, (q, id));
                     id
@@ -491,7 +495,7 @@ impl RlsService {
     /// Counts hits that another descriptor's denial kept from being charged (total only).
     pub(crate) fn count_unadmitted(&self, m: &Matched, hits: u64) {
         self.stats
-            .get(&super::stats::sanitize(&m.stat_key))
+            .get(&super::stats::sanitize(&m.stat_key), m.stats_by_client())
             .count_total(hits);
     }
 
@@ -499,7 +503,7 @@ impl RlsService {
     pub(crate) fn count_stats(&self, m: &Matched, c: Charge) {
         let l = u64::from(m.limit.requests_per_unit);
         self.stats
-            .get(&super::stats::sanitize(&m.stat_key))
+            .get(&super::stats::sanitize(&m.stat_key), m.stats_by_client())
             .count(l, c, m.limit.shadow_mode);
     }
 

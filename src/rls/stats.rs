@@ -95,22 +95,46 @@ impl LimitStats {
 /// One counter of [`LimitStats`], picked.
 type Field = fn(&LimitStats) -> &AtomicU64;
 
+/// The most stats keys named by requests' descriptor values (a limit override's,
+/// `detailed_metric`'s, `value_to_metric`'s) the service keeps: clients choose those values, so
+/// past this a new one's hits are counted under its domain's [`OVERFLOW`] key instead, and the
+/// registry and the `/metrics` text stay bounded. Keys named by the config alone always count.
+pub(crate) const MAX_CLIENT_KEYS: usize = 4096;
+
+/// The stats key (after the domain) of hits whose own client-named key found no room.
+pub(crate) const OVERFLOW: &str = "stats_overflow";
+
 /// Every stats key's counters, kept across config reloads.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     /// Sharded: every request reads it, from every connection at once.
     by_key: DashMap<String, Arc<LimitStats>>,
+    /// How many keys of `by_key` requests named (see [`MAX_CLIENT_KEYS`]).
+    client_keys: AtomicU64,
     pub(crate) config_load_success: AtomicU64,
     pub(crate) config_load_error: AtomicU64,
 }
 
 impl Registry {
-    /// The counters of `key` (created at first use).
-    pub(crate) fn get(&self, key: &str) -> Arc<LimitStats> {
+    /// The counters of `key` (created at first use). `by_client`: the key carries values a
+    /// request chose, so it takes room under [`MAX_CLIENT_KEYS`], or counts as its domain's
+    /// overflow where there is none left.
+    pub(crate) fn get(&self, key: &str, by_client: bool) -> Arc<LimitStats> {
         if let Some(s) = self.by_key.get(key) {
             return s.clone();
         }
-        self.by_key.entry(key.to_string()).or_default().clone()
+        // Relaxed: a bound, not a synchronisation; racing requests may pass it by a few.
+        if by_client && self.client_keys.load(Ordering::Relaxed) >= MAX_CLIENT_KEYS as u64 {
+            let domain = key.split('.').next().unwrap_or(key);
+            return self.get(&format!("{domain}.{OVERFLOW}"), false);
+        }
+        let entry = self.by_key.entry(key.to_string()).or_insert_with(|| {
+            if by_client {
+                self.client_keys.fetch_add(1, Ordering::Relaxed);
+            }
+            Arc::default()
+        });
+        entry.clone()
     }
 
     /// The counters of `key`, if it was ever counted.

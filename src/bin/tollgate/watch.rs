@@ -48,6 +48,9 @@ pub(crate) async fn watch<T, R>(
     };
     let mut last = read_now().await.ok();
     let mut tick = tokio::time::interval(WATCH_EVERY);
+    // A read slower than the period (a large directory, a slow disk) is not followed by a
+    // burst of the ticks it missed.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is now: the reading above is its.
     tick.tick().await;
     tokio::pin!(stop);
