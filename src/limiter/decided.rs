@@ -62,7 +62,8 @@ impl Decided<'_> {
     /// Counts `d`, the call's denial by this limit, in its plan's stats.
     #[inline(always)]
     pub(crate) fn count_denial(&self, d: &Decision) {
-        self.words.counts.count(Count::of(d), 0);
+        debug_assert_eq!(Count::of(d), Count::Denied);
+        self.words.counts.count(Count::Denied, 0);
     }
 
     /// Counts a peek of this limit after another one denied, in its plan's stats.
@@ -88,7 +89,11 @@ impl Decided<'_> {
         };
         let a = self.pending.charge(&call)?;
         let d = a.decision;
-        words.counts.count(Count::of(&d), a.retries);
+        // A decided limit has no strategy but a hard one (see `find_state`): its decision is
+        // within the limit or over it.
+        let count = if d.allowed { Count::Allowed } else { Count::Denied };
+        debug_assert_eq!(count, Count::of(&d));
+        words.counts.count(count, a.retries);
         self.token = a.token.filter(|_| d.allowed);
         Some(d)
     }
