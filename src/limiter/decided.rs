@@ -91,7 +91,11 @@ impl Decided<'_> {
         let d = a.decision;
         // A decided limit has no strategy but a hard one (see `find_state`): its decision is
         // within the limit or over it.
-        let count = if d.allowed { Count::Allowed } else { Count::Denied };
+        let count = if d.allowed {
+            Count::Allowed
+        } else {
+            Count::Denied
+        };
         debug_assert_eq!(count, Count::of(&d));
         words.counts.count(count, a.retries);
         self.token = a.token.filter(|_| d.allowed);

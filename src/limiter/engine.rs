@@ -22,7 +22,7 @@ use crate::cell::{self, Mode};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::plan::MAX_PARTS;
-use crate::store::{FlatStore, Kept, Pending, RuleId};
+use crate::store::{FlatStore, Kept, Near, Pending, RuleId};
 
 /// The limits of one call, as [`all_or_nothing`] drives them. Limit `i` is charged at most once,
 /// refunded at most once after that, and a limit after a denial is only peeked.
@@ -186,6 +186,8 @@ struct InSlots<'a, K, const N: usize> {
     parts: Option<&'a mut [Decision; N]>,
     /// Each part's state as [`Limits::decide`] read it (an admission, to be charged).
     decided: [Option<Pending<'a>>; N],
+    /// Where the first state of the key found is: the others are looked for there first.
+    near: Option<Near<'a>>,
     out: Charged<N>,
 }
 
@@ -193,7 +195,26 @@ struct InSlots<'a, K, const N: usize> {
 /// decides.
 pub(crate) struct Missed;
 
-impl<K: Hash + Eq + Clone, const N: usize> InSlots<'_, K, N> {
+impl<'a, K: Hash + Eq + Clone, const N: usize> InSlots<'a, K, N> {
+    /// Part `i`'s state, read now (`None`: it is not a word in the table): in the cache line
+    /// of a state of the key found before, where it most likely is (every rule of a key has
+    /// the same home group), else looked up.
+    #[inline(always)]
+    fn find(&mut self, i: usize) -> Option<Pending<'a>> {
+        let (hash, id) = (self.req.hash, self.words.ids[i]);
+        if N == 1 {
+            return self.store.pending(hash, id);
+        }
+        match self.near {
+            Some(near) => self.store.pending_near(near, hash, id),
+            None => {
+                let found = self.store.pending(hash, id);
+                self.near = found.map(|p| p.near());
+                found
+            }
+        }
+    }
+
     /// Notes part `i`'s decision `d` in the merged one: `denied` starts it anew (a denial's
     /// report starts from the denying part's decision); else it is merged in, with the first
     /// part's decision as the base (an admission's reason is the first part's, whatever order
@@ -225,8 +246,8 @@ impl<K: Hash + Eq + Clone, const N: usize> Limits for InSlots<'_, K, N> {
 
     #[inline(always)]
     fn decide(&mut self, i: usize) -> Result<Option<bool>, Missed> {
-        let Request { hash, now, cost } = self.req;
-        let pending = self.store.pending(hash, self.words.ids[i]).ok_or(Missed)?;
+        let Request { now, cost, .. } = self.req;
+        let pending = self.find(i).ok_or(Missed)?;
         let (rule, headroom) = (&self.words.rules[i], self.words.headroom);
         let step = cell::decide_word(pending.word(), now, cost, rule, headroom, Mode::Check);
         if !step.decision.allowed {
@@ -252,11 +273,13 @@ impl<K: Hash + Eq + Clone, const N: usize> Limits for InSlots<'_, K, N> {
 
     #[inline(always)]
     fn charge(&mut self, i: usize, peek: bool) -> Result<bool, Missed> {
-        let Request { hash, now, cost } = self.req;
+        let Request { now, cost, .. } = self.req;
         if peek {
-            let d = peek_word(self.store, self.words, i, self.req).ok_or(Missed)?;
-            self.note(i, &d, false);
-            return Ok(d.allowed);
+            let pending = self.find(i).ok_or(Missed)?;
+            let (rule, headroom) = (&self.words.rules[i], self.words.headroom);
+            let step = cell::decide_word(pending.word(), now, cost, rule, headroom, Mode::Check);
+            self.note(i, &step.decision, false);
+            return Ok(step.decision.allowed);
         }
         let call = cell::WordCall {
             rule: &self.words.rules[i],
@@ -265,9 +288,13 @@ impl<K: Hash + Eq + Clone, const N: usize> Limits for InSlots<'_, K, N> {
             headroom: self.words.headroom,
             token: N > 1 || self.tokens,
         };
-        let a = match &self.decided[i] {
+        let a = match self.decided[i] {
             Some(pending) => pending.charge(&call),
-            None => self.store.charge_once(hash, self.words.ids[i], &call),
+            // One part: found and charged in one go.
+            None if N == 1 => self
+                .store
+                .charge_once(self.req.hash, self.words.ids[i], &call),
+            None => self.find(i).ok_or(Missed)?.charge(&call),
         }
         .ok_or(Missed)?;
         self.out.tokens[i] = a.token;
@@ -342,6 +369,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             tokens,
             parts,
             decided: [None; N],
+            near: None,
             out: Charged {
                 decision: Decision::NEUTRAL,
                 tokens: [None; N],
@@ -374,6 +402,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             tokens: true,
             parts: None,
             decided: [None; N],
+            near: None,
             out: Charged {
                 decision: Decision::NEUTRAL,
                 tokens,

@@ -17,7 +17,7 @@ use crate::sync::{AtomicUsize, Ordering};
 #[cfg(not(tollgate_loom))]
 pub(crate) use dash::DashStore;
 pub(crate) use flat::FlatStore;
-pub(crate) use flat::{Kept, Pending};
+pub(crate) use flat::{Kept, Near, Pending};
 /// Under loom, dashmap's own locks are invisible to the model checker (and would block it): the
 /// same protocol on loom's `RwLock` stands in.
 #[cfg(tollgate_loom)]

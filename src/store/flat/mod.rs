@@ -107,7 +107,7 @@ use passes::Uncounts;
 
 #[cfg(test)]
 pub(crate) use testing::WrongPassCount;
-pub(crate) use word::{Kept, Pending};
+pub(crate) use word::{Kept, Near, Pending};
 
 /// Slots per probe group: 4 x 16 bytes, one 64-byte cache line.
 const GROUP: usize = 4;
@@ -166,9 +166,11 @@ struct Group([AtomicPair; GROUP]);
 
 /// What a probe found for a key.
 enum Found<'a> {
-    /// The key's state is `word`, in `slot`, which held `tag` when read.
+    /// The key's state is `word`, in `slot` of the cache line `line`, which held `tag` when
+    /// read.
     Inline {
         slot: &'a AtomicPair,
+        line: &'a Group,
         tag: u64,
         word: u64,
     },

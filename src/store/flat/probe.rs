@@ -106,7 +106,8 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         // Acquire: pairs with the Release that published a grown table, so the slots and
         // counts moved into it are seen.
         let table = shard.table.load(Ordering::Acquire);
-        let group = &self.home_group(table, hash).0.0;
+        let line = self.home_group(table, hash).0;
+        let group = &line.0;
         let slot = &group[Self::first_slot(hash)];
         // Acquire (`cell::ACQUIRE`, which the deliberately broken build weakens, for
         // portable-atomic's load and so under loom; the inline `vmovdqa` is an x86 load, always
@@ -118,7 +119,12 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         let (t, word) = self.load(slot);
         let inline = tag(hash, INLINE);
         if t == inline {
-            return Found::Inline { slot, tag: t, word };
+            return Found::Inline {
+                slot,
+                line,
+                tag: t,
+                word,
+            };
         }
         // A slot is EMPTY until its first claim (removals leave TOMB), and a claim takes the
         // first free slot of its key's probe: no key lies past an EMPTY slot. A new key's check
@@ -128,19 +134,37 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
             return self.absent(shard, table, hash);
         }
         if let Some(v) = self.vmovdqa {
-            let pairs: [(u64, u64); GROUP] =
-                std::array::from_fn(|j| sync::PairLoad::load(v, &group[j]));
-            let hits = (0..GROUP).fold(0u32, |m, j| m | u32::from(pairs[j].0 == inline) << j);
-            if hits != 0 {
-                let j = hits.trailing_zeros() as usize % GROUP;
+            if let Some((slot, word)) = Self::scan_line(v, line, inline) {
                 return Found::Inline {
-                    slot: &group[j],
+                    slot,
+                    line,
                     tag: inline,
-                    word: pairs[j].1,
+                    word,
                 };
             }
         }
         self.find_on(hash, table, t)
+    }
+
+    /// The slot of `line` that holds the tag `inline`, and its word: all four slots loaded at
+    /// once (each one atomically, which is all a slot needs) and the one holding the tag picked
+    /// from a mask, without a branch on its position (a fingerprint is in at most one slot of a
+    /// shard, so any match is the key's).
+    #[inline(always)]
+    pub(super) fn scan_line(
+        v: sync::Vmovdqa,
+        line: &Group,
+        inline: u64,
+    ) -> Option<(&AtomicPair, u64)> {
+        // Acquire (an x86 load): see `find`.
+        let pairs: [(u64, u64); GROUP] =
+            std::array::from_fn(|j| sync::PairLoad::load(v, &line.0[j]));
+        let hits = (0..GROUP).fold(0u32, |m, j| m | u32::from(pairs[j].0 == inline) << j);
+        if hits == 0 {
+            return None;
+        }
+        let j = hits.trailing_zeros() as usize % GROUP;
+        Some((&line.0[j], pairs[j].1))
     }
 
     /// What a probe of the table named by `table` that found no key means: `Absent` while it
@@ -210,13 +234,18 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         // The first slot of the home group was read by `find`.
         let mut skip = 1;
         for _ in 0..reach {
-            let group = &groups[g].0;
+            let line = &groups[g];
             for j in skip..GROUP {
-                let slot = &group[(first + j) % GROUP];
+                let slot = &line.0[(first + j) % GROUP];
                 // Acquire (`cell::ACQUIRE`): see `find`.
                 let (t, word) = self.load(slot);
                 if t == inline {
-                    return Found::Inline { slot, tag: t, word };
+                    return Found::Inline {
+                        slot,
+                        line,
+                        tag: t,
+                        word,
+                    };
                 }
                 if t == spilled {
                     return Found::Spilled;

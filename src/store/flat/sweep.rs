@@ -149,7 +149,10 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     pub(super) fn remove_inline(&self, hash: u64) -> Option<bool> {
         let shard = self.shard(hash);
         loop {
-            let Found::Inline { slot, tag: t, word } = self.find(hash) else {
+            let Found::Inline {
+                slot, tag: t, word, ..
+            } = self.find(hash)
+            else {
                 return match self.find(hash) {
                     Found::Absent => Some(false),
                     _ => None,

@@ -5,7 +5,7 @@
 
 use std::hash::Hash;
 
-use super::{FlatStore, Found};
+use super::{FlatStore, Found, Group, INLINE, tag};
 use crate::cell::{Applied, Inline, WordCall};
 use crate::store::{Fresh, Full, RuleId, rule_hash};
 use crate::sync::AtomicPair;
@@ -28,8 +28,23 @@ pub(crate) enum Kept {
 #[derive(Clone, Copy)]
 pub(crate) struct Pending<'a> {
     slot: &'a AtomicPair,
+    /// The cache line `slot` is in, where the key's other rules' states most likely are too.
+    line: &'a Group,
     tag: u64,
     word: u64,
+}
+
+/// Where a key's state was found (its cache line), for [`FlatStore::pending_near`] to look
+/// for the key's other states first.
+#[derive(Clone, Copy)]
+pub(crate) struct Near<'a>(&'a Group);
+
+impl<'a> Pending<'a> {
+    /// Where this state is, for the key's other states.
+    #[inline(always)]
+    pub(crate) fn near(&self) -> Near<'a> {
+        Near(self.line)
+    }
 }
 
 impl Pending<'_> {
@@ -59,9 +74,52 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     #[inline(always)]
     pub(crate) fn pending(&self, key_hash: u64, rule: RuleId) -> Option<Pending<'_>> {
         match self.find(rule_hash(key_hash, rule)) {
-            Found::Inline { slot, tag, word } => Some(Pending { slot, tag, word }),
+            Found::Inline {
+                slot,
+                line,
+                tag,
+                word,
+            } => Some(Pending {
+                slot,
+                line,
+                tag,
+                word,
+            }),
             Found::Spilled | Found::Absent => None,
         }
+    }
+
+    /// [`pending`](Self::pending) of another rule of the key whose state `near` is: every rule
+    /// of a key has the same home group, so its state is most likely in `near`'s cache line,
+    /// looked at first (four slots at once, the rule's slot picked by its tag, as
+    /// [`find`](Self::find) picks one in a home group: a fingerprint is in at most one slot of
+    /// a shard, so a match is the state), and looked up as `pending` does where it is not there.
+    #[inline(always)]
+    pub(crate) fn pending_near<'s>(
+        &'s self,
+        near: Near<'s>,
+        key_hash: u64,
+        rule: RuleId,
+    ) -> Option<Pending<'s>> {
+        let hash = rule_hash(key_hash, rule);
+        if let Some(v) = self.vmovdqa {
+            let (line, inline) = (near.0, tag(hash, INLINE));
+            // Where `find` looks first in the home group: most states are there.
+            let first = &line.0[Self::first_slot(hash)];
+            let found = match crate::sync::PairLoad::load(v, first) {
+                (t, word) if t == inline => Some((first, word)),
+                _ => Self::scan_line(v, line, inline),
+            };
+            if let Some((slot, word)) = found {
+                return Some(Pending {
+                    slot,
+                    line,
+                    tag: inline,
+                    word,
+                });
+            }
+        }
+        self.pending(key_hash, rule)
     }
 
     /// How (`key_hash`, `rule`)'s state is kept now. No lock, no write.
@@ -97,7 +155,10 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     ) -> Option<R> {
         let hash = rule_hash(key_hash, rule);
         loop {
-            let Found::Inline { slot, tag, word } = self.find(hash) else {
+            let Found::Inline {
+                slot, tag, word, ..
+            } = self.find(hash)
+            else {
                 return None;
             };
             if let Some(r) = step(&Inline { slot, tag }, word) {
@@ -117,7 +178,10 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
         rule: RuleId,
         call: &WordCall<'_>,
     ) -> Option<Applied> {
-        let Found::Inline { slot, tag, word } = self.find(rule_hash(key_hash, rule)) else {
+        let Found::Inline {
+            slot, tag, word, ..
+        } = self.find(rule_hash(key_hash, rule))
+        else {
             return None;
         };
         call.apply(&Inline { slot, tag }, word)
@@ -136,7 +200,10 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     ) -> Option<R> {
         let hash = rule_hash(key_hash, rule);
         let mut last = std::ptr::null();
-        while let Found::Inline { slot, tag, word } = self.find(hash) {
+        while let Found::Inline {
+            slot, tag, word, ..
+        } = self.find(hash)
+        {
             if std::ptr::eq(slot, last) {
                 // The same slot, no longer the key's: the state was removed.
                 return None;
