@@ -18,8 +18,9 @@
 #               transactions: both sweep race tests (tests::flat::sweeps_*_racing_fresh_keys_*)
 #               must see a round admit more than its bound. Only the real-thread tests are asked.
 #   blind_move  a shard's growth moves each slot with a plain store a little while after its
-#               load: the loom model check_against_growth and the real-thread test
-#               (tests::flat::growth_racing_checks_loses_no_charge) must see a charge lost.
+#               load: the loom model check_against_growth and the real-thread tests
+#               (tests::flat::growth_racing_checks_loses_no_charge, and _compound_ for a plan
+#               of two quotas) must see a charge lost.
 #   live_migration  a key's state moves between live plans (every other live rule of the same
 #               algorithm is taken as a predecessor): the plan tests (tests::plans::*) must see a
 #               rule admit above its bound. Only the unit tests are asked.
@@ -86,6 +87,8 @@ for variant in load_store relaxed torn_load blind_removal blind_move live_migrat
         elif [[ "$variant" == blind_move ]]; then
             expect_failure "growth race test ($variant)" 'key [0-9]+' \
                 "$exe" --exact tests::flat::growth_racing_checks_loses_no_charge
+            expect_failure "compound growth race test ($variant)" 'key [0-9]+, quota' \
+                "$exe" --exact tests::flat::growth_racing_compound_checks_loses_no_charge
         elif [[ "$variant" == live_migration ]]; then
             expect_failure "alternating plans test ($variant)" 'left: \([0-9]+, [0-9]+\)' \
                 "$exe" --exact tests::plans::alternating_plans_each_hold_their_burst

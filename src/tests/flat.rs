@@ -589,6 +589,77 @@ fn growth_racing_checks_loses_no_charge() {
     }
 }
 
+/// The same race on a compound plan, whose second state the short path looks for in the cache
+/// line of its first (`pending_near`): lines emptied by a move under the lookup send it back to
+/// the shard, and each of the key's two states (read through a plan of its quota alone: equal
+/// quotas are one rule) holds exactly the charges admitted.
+#[test]
+fn growth_racing_compound_checks_loses_no_charge() {
+    use crate::sync::{AtomicBool, Ordering};
+    const KEYS: u64 = 16;
+    let (big, small) = (1u64 << 41, 1u64 << 40);
+    let (a, b) = (
+        Quota::per_day(big).burst(big),
+        Quota::per_day(small).burst(small),
+    );
+    for attempt in 0.. {
+        let l: Arc<Limiter<u64, FakeClock>> = Arc::new(
+            Limiter::builder()
+                .plan("both", Plan::new([a, b]))
+                .plan("a", Plan::new([a]))
+                .plan("b", Plan::new([b]))
+                .store(StoreKind::Flat)
+                .shards(2)
+                .clock(FakeClock::new())
+                .build()
+                .unwrap(),
+        );
+        let both = l.plan("both").unwrap();
+        let (barrier, stop) = (Arc::new(Barrier::new(3)), Arc::new(AtomicBool::new(false)));
+        let checkers: Vec<_> = (0..2)
+            .map(|_| {
+                let (l, b, stop) = (l.clone(), barrier.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    b.wait();
+                    let mut admitted = [0u64; KEYS as usize];
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let k = i % KEYS;
+                        let d = l.check_in(&k, both, 1).unwrap();
+                        admitted[k as usize] += u64::from(d.is_allowed());
+                        i += 1;
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        barrier.wait();
+        for _ in 0..10 {
+            l.grow_all();
+            std::thread::yield_now();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let mut admitted = [0u64; KEYS as usize];
+        for h in checkers {
+            for (x, y) in admitted.iter_mut().zip(h.join().unwrap()) {
+                *x += y;
+            }
+        }
+        for (k, &n) in admitted.iter().enumerate() {
+            let k = k as u64;
+            assert!(n > 0, "key {k} was checked");
+            for (name, burst) in [("a", big), ("b", small)] {
+                let left = l.peek_in(&k, l.plan(name).unwrap(), 1).unwrap().remaining();
+                assert_eq!(left, burst - n - 1, "key {k}, quota {name}");
+            }
+        }
+        if l.met_moves() > 0 && attempt >= 9 {
+            break;
+        }
+        assert!(attempt < 50, "no check met a move in 50 attempts");
+    }
+}
+
 /// A grown table still sweeps, evicts and resets: keys charged before and after several moves,
 /// left to go fresh, are swept to nothing, and the pass counts end exact.
 #[test]
