@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Every test: format, lints, unit + integration + doc tests, the loom models, the key/hash flood
-# and real-clock tests (release, full size), the must-fail run against the deliberately broken
-# cell, every fuzz target for 30 s, and a short demo run. Installs what it needs (nightly and
-# cargo-fuzz for the fuzz step). Expected run time on a 2-core machine: see docs/verification.md.
+# Every test: format, lints, the API docs (no broken links), unit + integration + doc tests, the
+# loom models, the key/hash flood and real-clock tests (release, full size), the must-fail run
+# against the deliberately broken cell, every fuzz target for 30 s, and a short demo run.
+# Installs what it needs (nightly and cargo-fuzz for the fuzz step). Expected run time on a
+# 2-core machine: see docs/verification.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== fmt";    cargo fmt --all --check
 echo "== clippy"; cargo clippy --all-targets --all-features -- -D warnings
 (cd benches && cargo fmt --check && cargo clippy --quiet --all-targets --all-features -- -D warnings)   # the benches' own package
+echo "== doc";    RUSTDOCFLAGS="-D warnings" cargo doc --quiet --no-deps --all-features   # as docs.rs builds it
 echo "== redis";  bash scripts/ensure-redis.sh   # the redis feature's tests start real servers
 echo "== features"; cargo clippy --quiet --lib -- -D warnings && cargo clippy --quiet --lib --features tokio -- -D warnings   # each alone builds clean
 echo "== tests";  cargo test --all-features

@@ -32,7 +32,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             p.counts.count(Count::of(d), 0);
         }
     }
-    /// Whether the limiter is synced through Redis ([`Builder::redis_synced`]).
+    /// Whether the limiter is synced through Redis (`Builder::redis_synced`, feature `redis`).
     pub fn is_synced(&self) -> bool {
         self.backend.is_synced()
     }
@@ -69,8 +69,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
     /// Each plan's decisions so far, in the order the plans were added (`"default"` first):
     /// exact, and summing to [`stats`](Self::stats)' decision counts. A plan's own calls and
-    /// its share of [`check_all`] count under it, each for what the plan decided: a
-    /// [`check_all`] that another part denied is [`PlanStats::denied_elsewhere`] here, not
+    /// its share of [`check_all`](crate::check_all) count under it, each for what the plan decided: a
+    /// [`check_all`](crate::check_all) that another part denied is [`PlanStats::denied_elsewhere`] here, not
     /// `denied`.
     ///
     /// ```

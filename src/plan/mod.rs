@@ -104,7 +104,7 @@ impl Plan {
 
 /// A handle to one of a limiter's plans, resolved once by name with
 /// [`Limiter::plan`](crate::Limiter::plan). It belongs to the limiter that issued it: another
-/// limiter refuses it with [`Error::ForeignPlan`] (it never charges one of its own plans
+/// limiter refuses it with [`Error::ForeignPlan`](crate::Error::ForeignPlan) (it never charges one of its own plans
 /// instead). [`PlanId::DEFAULT`] alone is every limiter's: their default plan.
 ///
 /// ```
