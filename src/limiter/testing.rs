@@ -68,6 +68,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
             Map::Dash(_) => 0,
         }
     }
+    /// Lookups of the flat store found beside another state of their key, for tests.
+    #[cfg(test)]
+    pub(crate) fn near_hits(&self) -> usize {
+        match &self.store {
+            Map::Flat(s) => s.near_hits(),
+            Map::Dash(_) => 0,
+        }
+    }
     /// The generation of each of the flat store's shard tables now, for tests.
     #[cfg(test)]
     pub(crate) fn generations(&self) -> Vec<usize> {

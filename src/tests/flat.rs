@@ -653,6 +653,11 @@ fn growth_racing_compound_checks_loses_no_charge() {
                 assert_eq!(left, burst - n - 1, "key {k}, quota {name}");
             }
         }
+        // The second states were found beside the first (the path under test ran).
+        assert!(
+            l.near_hits() > 0,
+            "no state was found beside its key's first"
+        );
         if l.met_moves() > 0 && attempt >= 9 {
             break;
         }

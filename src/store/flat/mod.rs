@@ -239,6 +239,10 @@ pub(crate) struct FlatStore<K> {
     /// a check raced a shard's growth.
     #[cfg(test)]
     met_moves: AtomicUsize,
+    /// Lookups of a key's state found in the cache line of another of its states
+    /// ([`pending_near`](Self::pending_near)): the evidence, for tests, that the path ran.
+    #[cfg(test)]
+    near_hits: AtomicUsize,
 }
 
 impl<K: Hash + Eq + Clone> FlatStore<K> {
@@ -293,6 +297,8 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
             lost_removals: AtomicUsize::new(0),
             #[cfg(test)]
             met_moves: AtomicUsize::new(0),
+            #[cfg(test)]
+            near_hits: AtomicUsize::new(0),
         })
     }
 

@@ -53,6 +53,11 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
     }
 
     /// See the field.
+    pub(crate) fn near_hits(&self) -> usize {
+        self.near_hits.load(Ordering::Relaxed)
+    }
+
+    /// See the field.
     pub(crate) fn lost_removals(&self) -> usize {
         self.lost_removals.load(Ordering::Relaxed)
     }

@@ -108,9 +108,15 @@ impl<K: Hash + Eq + Clone> FlatStore<K> {
             let first = &line.0[Self::first_slot(hash)];
             let found = match crate::sync::PairLoad::load(v, first) {
                 (t, word) if t == inline => Some((first, word)),
+                // The deliberately broken build takes the slot without its tag (must-fail).
+                #[cfg(tollgate_broken = "blind_near")]
+                (_, word) => Some((first, word)),
+                #[cfg(not(tollgate_broken = "blind_near"))]
                 _ => Self::scan_line(v, line, inline),
             };
             if let Some((slot, word)) = found {
+                #[cfg(test)]
+                self.near_hits.fetch_add(1, crate::sync::Ordering::Relaxed);
                 return Some(Pending {
                     slot,
                     line,
