@@ -520,6 +520,48 @@ fn shards_grow_with_the_keys_and_every_state_moves() {
     }
 }
 
+/// Keys of [`race_growth`].
+const RACED_KEYS: u64 = 16;
+
+/// Two threads call `check` on keys `0..RACED_KEYS` in turn while this one grows every shard of
+/// `l` ten times, then stop: how many of each key's calls were admitted.
+fn race_growth(
+    l: &Arc<Limiter<u64, FakeClock>>,
+    check: impl Fn(&Limiter<u64, FakeClock>, u64) -> bool + Clone + Send + 'static,
+) -> [u64; RACED_KEYS as usize] {
+    use crate::sync::{AtomicBool, Ordering};
+    let (barrier, stop) = (Arc::new(Barrier::new(3)), Arc::new(AtomicBool::new(false)));
+    let checkers: Vec<_> = (0..2)
+        .map(|_| {
+            let (l, b, stop, check) = (l.clone(), barrier.clone(), stop.clone(), check.clone());
+            std::thread::spawn(move || {
+                b.wait();
+                let mut admitted = [0u64; RACED_KEYS as usize];
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = i % RACED_KEYS;
+                    admitted[k as usize] += u64::from(check(&l, k));
+                    i += 1;
+                }
+                admitted
+            })
+        })
+        .collect();
+    barrier.wait();
+    for _ in 0..10 {
+        l.grow_all();
+        std::thread::yield_now();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut admitted = [0u64; RACED_KEYS as usize];
+    for h in checkers {
+        for (a, b) in admitted.iter_mut().zip(h.join().unwrap()) {
+            *a += b;
+        }
+    }
+    admitted
+}
+
 /// Checks of the same keys from two threads race moves of their shards into ever larger tables
 /// (a third thread grows every shard, ten times) with a frozen clock, charging all the while:
 /// afterwards each key's state holds exactly the charges admitted, whichever table they landed
@@ -527,8 +569,6 @@ fn shards_grow_with_the_keys_and_every_state_moves() {
 /// the test retries until it has).
 #[test]
 fn growth_racing_checks_loses_no_charge() {
-    use crate::sync::{AtomicBool, Ordering};
-    const KEYS: u64 = 16;
     const BURST: u64 = 1 << 40;
     for attempt in 0.. {
         let l: Arc<Limiter<u64, FakeClock>> = Arc::new(
@@ -540,40 +580,12 @@ fn growth_racing_checks_loses_no_charge() {
                 .build()
                 .unwrap(),
         );
-        let (barrier, stop) = (Arc::new(Barrier::new(3)), Arc::new(AtomicBool::new(false)));
-        let checkers: Vec<_> = (0..2)
-            .map(|_| {
-                let (l, b, stop) = (l.clone(), barrier.clone(), stop.clone());
-                std::thread::spawn(move || {
-                    b.wait();
-                    let mut admitted = [0u64; KEYS as usize];
-                    let mut i = 0;
-                    while !stop.load(Ordering::Relaxed) {
-                        let k = i % KEYS;
-                        admitted[k as usize] += u64::from(l.check(&k).is_allowed());
-                        i += 1;
-                    }
-                    admitted
-                })
-            })
-            .collect();
-        barrier.wait();
-        for _ in 0..10 {
-            l.grow_all();
-            std::thread::yield_now();
-        }
-        stop.store(true, Ordering::Relaxed);
-        let mut admitted = [0u64; KEYS as usize];
-        for h in checkers {
-            for (a, b) in admitted.iter_mut().zip(h.join().unwrap()) {
-                *a += b;
-            }
-        }
-        for k in 0..KEYS {
+        let admitted = race_growth(&l, |l, k| l.check(&k).is_allowed());
+        for (k, &n) in admitted.iter().enumerate() {
             // What would remain after one more unit: the burst less every charge admitted.
-            let left = l.peek(&k).remaining();
-            assert_eq!(left, BURST - admitted[k as usize] - 1, "key {k}");
-            assert!(admitted[k as usize] > 0, "key {k} was checked");
+            let left = l.peek(&(k as u64)).remaining();
+            assert_eq!(left, BURST - n - 1, "key {k}");
+            assert!(n > 0, "key {k} was checked");
         }
         assert_eq!(l.stats().allowed, admitted.iter().sum::<u64>());
         assert!(l.generations().iter().all(|&g| g == 10));
@@ -595,8 +607,6 @@ fn growth_racing_checks_loses_no_charge() {
 /// quotas are one rule) holds exactly the charges admitted.
 #[test]
 fn growth_racing_compound_checks_loses_no_charge() {
-    use crate::sync::{AtomicBool, Ordering};
-    const KEYS: u64 = 16;
     let (big, small) = (1u64 << 41, 1u64 << 40);
     let (a, b) = (
         Quota::per_day(big).burst(big),
@@ -615,41 +625,14 @@ fn growth_racing_compound_checks_loses_no_charge() {
                 .unwrap(),
         );
         let both = l.plan("both").unwrap();
-        let (barrier, stop) = (Arc::new(Barrier::new(3)), Arc::new(AtomicBool::new(false)));
-        let checkers: Vec<_> = (0..2)
-            .map(|_| {
-                let (l, b, stop) = (l.clone(), barrier.clone(), stop.clone());
-                std::thread::spawn(move || {
-                    b.wait();
-                    let mut admitted = [0u64; KEYS as usize];
-                    let mut i = 0;
-                    while !stop.load(Ordering::Relaxed) {
-                        let k = i % KEYS;
-                        let d = l.check_in(&k, both, 1).unwrap();
-                        admitted[k as usize] += u64::from(d.is_allowed());
-                        i += 1;
-                    }
-                    admitted
-                })
-            })
-            .collect();
-        barrier.wait();
-        for _ in 0..10 {
-            l.grow_all();
-            std::thread::yield_now();
-        }
-        stop.store(true, Ordering::Relaxed);
-        let mut admitted = [0u64; KEYS as usize];
-        for h in checkers {
-            for (x, y) in admitted.iter_mut().zip(h.join().unwrap()) {
-                *x += y;
-            }
-        }
+        let admitted = race_growth(&l, move |l, k| {
+            l.check_in(&k, both, 1).unwrap().is_allowed()
+        });
         for (k, &n) in admitted.iter().enumerate() {
-            let k = k as u64;
             assert!(n > 0, "key {k} was checked");
             for (name, burst) in [("a", big), ("b", small)] {
-                let left = l.peek_in(&k, l.plan(name).unwrap(), 1).unwrap().remaining();
+                let plan = l.plan(name).unwrap();
+                let left = l.peek_in(&(k as u64), plan, 1).unwrap().remaining();
                 assert_eq!(left, burst - n - 1, "key {k}, quota {name}");
             }
         }
