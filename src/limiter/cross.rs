@@ -52,16 +52,20 @@ pub trait Part: sealed::Sealed {
     /// Finds the part's state to be decided on for `cost` units and charged later, where its
     /// plan and state allow (a one-rule plan on the flat store, the key's state in the table,
     /// no penalty), into `decided`, left `None` where the general path decides
-    /// ([`charge_part`](Self::charge_part)). With `peek` (another part denied the call) the
-    /// cost is not checked against the plan. Writes and counts nothing.
+    /// ([`charge_part`](Self::charge_part)). Writes and counts nothing.
     #[doc(hidden)]
     fn decide_part<'s>(
         &'s self,
         cost: u64,
-        peek: bool,
         time: &mut Time,
         decided: &mut Option<Decided<'s>>,
     ) -> Result<(), Error>;
+    /// Decides the part for `cost` units without charging it, another part having denied the
+    /// call (counted as denied elsewhere), where its plan and state allow as for
+    /// [`decide_part`](Self::decide_part): its decision, or `None` where the general path
+    /// peeks it ([`charge_part`](Self::charge_part)). Writes nothing.
+    #[doc(hidden)]
+    fn peek_part(&self, cost: u64, time: &mut Time) -> Result<Option<Decision>, Error>;
     /// Decides the part for `cost` units into `d`: charges it (counted in its plan's stats,
     /// with what a refund needs written into `undo`, left `None` when nothing stays charged),
     /// or with `peek` (another part denied the call) only decides it (nothing charged;
@@ -91,14 +95,24 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Part for Bound<'_, 
     fn decide_part<'s>(
         &'s self,
         cost: u64,
-        peek: bool,
         time: &mut Time,
         decided: &mut Option<Decided<'s>>,
     ) -> Result<(), Error> {
-        let (_, plan) = self.plan(if peek { Role::Peek } else { Role::Charge }, cost)?;
+        let (_, plan) = self.plan(Role::Charge, cost)?;
         // Strategies do not apply here but shadow mode, which the general path decides.
         *decided = self.limiter.find_state(self.key, plan, cost, false, time);
         Ok(())
+    }
+
+    #[inline(always)]
+    fn peek_part(&self, cost: u64, time: &mut Time) -> Result<Option<Decision>, Error> {
+        let (_, plan) = self.plan(Role::Peek, cost)?;
+        let Some(decided) = self.limiter.find_state(self.key, plan, cost, false, time) else {
+            return Ok(None);
+        };
+        let d = decided.decide();
+        decided.count_peek();
+        Ok(Some(d))
     }
 
     fn charge_part(
@@ -478,7 +492,7 @@ impl<U: AsMut<[Option<Undo>]> + AsRef<[Option<Undo>]>, const N: usize> Limits fo
         let Some(slot) = self.decided.get_mut(i) else {
             return Ok(None);
         };
-        self.parts[i].decide_part(self.cost, false, &mut self.time, slot)?;
+        self.parts[i].decide_part(self.cost, &mut self.time, slot)?;
         let Some(decided) = slot else {
             return Ok(None);
         };
@@ -506,26 +520,26 @@ impl<U: AsMut<[Option<Undo>]> + AsRef<[Option<Undo>]>, const N: usize> Limits fo
         let Some(slot) = self.decided.get_mut(i) else {
             return self.charge_general(i, peek);
         };
-        // A part decided before is charged on what it read; any other is looked up now (a
-        // peek afresh, after another part's denial).
-        if slot.is_none() || peek {
-            let found = self.parts[i].decide_part(self.cost, peek, &mut self.time, slot);
-            if peek && found.is_err() {
-                *slot = None;
-            } else {
-                found?;
-            }
+        if peek {
+            // After another part's denial: read afresh, written nowhere.
+            *slot = None;
+            return match self.parts[i].peek_part(self.cost, &mut self.time) {
+                Ok(Some(d)) => {
+                    self.reported.merge(&d);
+                    Ok(d.allowed)
+                }
+                // The general path peeks it (and leaves out of the report a part it cannot
+                // peek).
+                Ok(None) | Err(_) => self.charge_general(i, true),
+            };
+        }
+        // A part decided before is charged on what it read; any other is looked up now.
+        if slot.is_none() {
+            self.parts[i].decide_part(self.cost, &mut self.time, slot)?;
         }
         let Some(decided) = slot else {
-            return self.charge_general(i, peek);
+            return self.charge_general(i, false);
         };
-        if peek {
-            let d = decided.decide();
-            decided.count_peek();
-            *slot = None;
-            self.reported.merge(&d);
-            return Ok(d.allowed);
-        }
         match decided.charge() {
             Some(d) => Ok(self.note(i, d)),
             None => {
