@@ -34,7 +34,7 @@
 # The loom runs build in their own target folders (target/broken-loom-*), so the normal loom
 # build stays cached; the unit tests are rebuilt in target/ with the cfg on this crate only (the
 # next plain `cargo test` recompiles them once). Expected time on a 2-core machine: about
-# 5 minutes cold (three loom builds and four builds of this crate), 1-2 minutes warm.
+# 5 minutes cold (three loom builds and six builds of this crate), 1-2 minutes warm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"

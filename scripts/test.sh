@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Every test: format, lints, the API docs (no broken links), unit + integration + doc tests, the
-# loom models, the key/hash flood and real-clock tests (release, full size), the must-fail run
-# against the deliberately broken cell, every fuzz target for 30 s, and a short demo run.
-# Installs what it needs (nightly and cargo-fuzz for the fuzz step). Expected run time on a
-# 2-core machine: see docs/verification.md.
+# Every test: format, lints, the API docs (no broken links), unit + integration + doc tests (the
+# Redis ones on servers it starts), the async twins without features, the loom models, the
+# key/hash flood and real-clock tests (release, full size), the must-fail run against the
+# deliberately broken cell, every fuzz target for 30 s, a short demo run, the HTTP server under
+# curl, Envoy's rate limit API against a client it did not write, and the benches once each.
+# Installs what it needs (redis-server, curl, a Python venv for the RLS client, nightly and
+# cargo-fuzz). Expected run time on a 2-core machine: see docs/verification.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
