@@ -115,7 +115,22 @@ impl Undo {
         resets: u64,
         tokens: [Option<(RuleId, u64)>; MAX_PARTS],
     ) -> Option<Undo> {
-        (decision.allowed && tokens.iter().any(Option::is_some)).then_some(Undo {
+        if !decision.allowed {
+            return None;
+        }
+        Self::kept(hash, cost, resets, tokens)
+    }
+
+    /// The refund record of the charge tokens `tokens` left (`None` when they hold none:
+    /// nothing stays charged).
+    #[inline(always)]
+    pub(crate) fn kept(
+        hash: u64,
+        cost: u64,
+        resets: u64,
+        tokens: [Option<(RuleId, u64)>; MAX_PARTS],
+    ) -> Option<Undo> {
+        tokens.iter().any(Option::is_some).then_some(Undo {
             hash,
             cost,
             resets,

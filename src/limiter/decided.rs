@@ -89,8 +89,9 @@ impl Decided<'_> {
         };
         let a = self.pending.charge(&call)?;
         let d = a.decision;
-        // A decided limit has no strategy but a hard one (see `find_state`): its decision is
-        // within the limit or over it.
+        // A decided limit's decision is its word's own, no strategy applied (a part of
+        // `check_all` denies as a hard one; the HTTP layer decides only hard plans first): within
+        // the limit or over it.
         let count = if d.allowed {
             Count::Allowed
         } else {
@@ -106,13 +107,8 @@ impl Decided<'_> {
     #[inline(always)]
     pub(crate) fn undo(&self) -> Option<Undo> {
         let mut tokens = [None; MAX_PARTS];
-        tokens[0] = Some((self.words.ids[0], self.token?));
-        Some(Undo {
-            hash: self.req.hash,
-            cost: self.req.cost,
-            resets: self.resets,
-            tokens,
-        })
+        tokens[0] = self.token.map(|token| (self.words.ids[0], token));
+        Undo::kept(self.req.hash, self.req.cost, self.resets, tokens)
     }
 
     /// Drops what was decided because another limit denied the call (counted as denied

@@ -10,7 +10,6 @@
 //! Every answer — codes, `limit_remaining`, the stats — is then upstream's, including a
 //! `hits_addend` of 0 (OVER_LIMIT only once a request went over).
 
-use crate::clock::Clock;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -25,6 +24,7 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use super::config::{ConfigError, RateLimit, RlsConfig, Unit};
 use super::matching::{Entry, Matched, descriptor_key, plain_key};
 use super::stats::{Charge, Registry};
+use crate::clock::Clock;
 use crate::sync::{AtomicBool, Mutex, Ordering, RwLock, lock, read, write};
 use crate::{Algorithm, Error, Limiter, Plan, PlanId, Quota, Reason};
 
@@ -59,6 +59,8 @@ const OVERRIDE: &str = "(override)#";
 /// [`MAX_RULES`](crate::store::MAX_RULES) quotas (256) for its life, and the rest stay for
 /// the config's reloads.
 const MAX_OVERRIDE_RATES: usize = 64;
+// The refusal's message names the bound.
+const _: () = assert!(MAX_OVERRIDE_RATES == 64);
 
 /// The configuration in force and the engine plan of each of its limits.
 #[derive(Debug)]
@@ -231,10 +233,7 @@ impl RlsService {
         // Validate every new quota before changing any plan.
         for l in &limits {
             if let Some(q) = quota_of(l) {
-                Limiter::<u64>::builder()
-                    .quota(q)
-                    .build()
-                    .map_err(|e| engine_error(l, e))?;
+                q.compile(0).map_err(|e| engine_error(l, e))?;
             }
         }
         let mut quotas = lock(&self.quotas);
@@ -457,7 +456,7 @@ impl RlsService {
                         ));
                     }
                     // A quota the engine takes (not too large), then the room for it.
-                    Limiter::<u64>::builder().quota(q).build().map_err(|_| {
+                    q.compile(0).map_err(|_| {
                         RequestError("the descriptor's limit override is too large")
                     })?;
                     let id = self.limiter.set_plan(&name, Plan::new([q])).map_err(|_| {
